@@ -1,0 +1,154 @@
+"""Turning rollout groups into padded token batches for the learner.
+
+Every sequence is (prompt tokens, completion tokens) in the *learner's* tokenizer. Local completions
+keep the exact sampled token ids (and their behaviour log-probs); completions from a peer on another
+tokenizer arrive as text and are re-tokenized here, so they have no usable behaviour log-probs.
+Micro-batches are packed by a padded-token budget after sorting by length, so activation memory is
+bounded by ``token_budget`` rather than by the number of completions, and padding stays low.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarmnode.grpo import group_advantages
+from swarmnode.rollouts import RolloutGroup
+from swarmnode.tasks import prompt_messages
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    advantage: float
+    behaviour_logprobs: tuple[float, ...] | None  # aligned with completion_ids, or None
+    group: RolloutGroup
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def encode_prompt(tokenizer, question: str, system_prompt: str | None = None) -> list[int]:
+    """Chat-templated prompt ids ending with the assistant turn's opening."""
+    messages = prompt_messages(question, system_prompt)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def to_sequences(
+    groups: Sequence[RolloutGroup],
+    tokenizer,
+    tokenizer_fingerprint: str,
+    *,
+    scale_advantages: bool,
+    system_prompt: str | None = None,
+) -> list[TrainSequence]:
+    """One TrainSequence per completion of every informative group (zero-advantage groups dropped)."""
+    sequences = []
+    for group in groups:
+        if not group.informative:
+            continue
+        prompt = tuple(encode_prompt(tokenizer, group.question, system_prompt))
+        advantages = group_advantages(torch.tensor(group.rewards, dtype=torch.float64), scale_advantages)
+        same_tokenizer = group.provenance.tokenizer_fingerprint == tokenizer_fingerprint
+        for completion, adv in zip(group.completions, advantages.tolist(), strict=True):
+            if same_tokenizer and completion.token_ids is not None:
+                ids, logprobs = completion.token_ids, completion.logprobs
+            else:
+                ids = tuple(tokenizer(completion.text, add_special_tokens=False)["input_ids"])
+                if completion.finished and tokenizer.eos_token_id is not None:
+                    ids += (tokenizer.eos_token_id,)
+                logprobs = None
+            if ids:
+                sequences.append(TrainSequence(prompt, tuple(ids), adv, logprobs, group))
+    return sequences
+
+
+def microbatches(sequences: Sequence[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
+    """Sort by length and pack so that (batch size x longest sequence) <= token_budget.
+
+    A single sequence longer than the budget still gets its own micro-batch.
+    """
+    ordered = sorted(sequences, key=lambda s: s.length)
+    batches: list[list[TrainSequence]] = []
+    current: list[TrainSequence] = []
+    for seq in ordered:
+        if current and (len(current) + 1) * seq.length > token_budget:
+            batches.append(current)
+            current = []
+        current.append(seq)
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class PaddedBatch:
+    """Left-padded so every sequence ends at the last position; completions occupy the tail."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    position_ids: torch.Tensor  # [B, L]
+    completion_mask: torch.Tensor  # [B, C] over the last C positions' *targets*
+    advantages: torch.Tensor  # [B]
+    behaviour_logp: torch.Tensor  # [B, C], 0 where unknown
+    has_behaviour: torch.Tensor  # [B, C] bool
+
+    @property
+    def completion_width(self) -> int:
+        return self.completion_mask.shape[1]
+
+
+def pad_batch(sequences: Sequence[TrainSequence], pad_id: int, device: torch.device) -> PaddedBatch:
+    length = max(s.length for s in sequences)
+    width = max(len(s.completion_ids) for s in sequences)
+    n = len(sequences)
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, length), dtype=torch.long)
+    completion_mask = torch.zeros((n, width), dtype=torch.bool)
+    behaviour = torch.zeros((n, width), dtype=torch.float32)
+    has_behaviour = torch.zeros((n, width), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        ids = seq.prompt_ids + seq.completion_ids
+        input_ids[row, length - len(ids) :] = torch.tensor(ids)
+        attention[row, length - len(ids) :] = 1
+        c = len(seq.completion_ids)
+        completion_mask[row, width - c :] = True
+        if seq.behaviour_logprobs is not None:
+            behaviour[row, width - c :] = torch.tensor(seq.behaviour_logprobs, dtype=torch.float32)
+            has_behaviour[row, width - c :] = True
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    return PaddedBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        position_ids=positions.to(device),
+        completion_mask=completion_mask.to(device),
+        advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32, device=device),
+        behaviour_logp=behaviour.to(device),
+        has_behaviour=has_behaviour.to(device),
+    )
+
+
+def completion_logprobs(model, batch: PaddedBatch) -> torch.Tensor:
+    """Log-prob of each completion token under ``model``: [B, C] (garbage where the mask is 0).
+
+    Only the last C+1 positions' logits are computed (``logits_to_keep``), which matters with a
+    49k-token vocabulary.
+    """
+    width = batch.completion_width
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=width + 1,
+        use_cache=False,
+    )
+    logits = out.logits[:, :-1, :].float()  # predicts the last C tokens
+    targets = batch.input_ids[:, -width:]
+    return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -1,0 +1,146 @@
+"""Atomic, self-verifying checkpoints: weights, optimizer, RNG states and the round counter.
+
+Layout: ``<run_dir>/checkpoints/round-000012/`` holding ``model.safetensors``, ``trainer.pt``
+(optimizer + torch RNG, loaded with ``weights_only=True``: tensors and plain containers only, never
+arbitrary pickled objects), ``state.json`` and, written last, ``manifest.json`` with the sha256 of
+every file. A checkpoint is built in a temporary sibling folder and renamed into place, so a crash
+mid-write leaves either the previous checkpoint or a stray temp folder, never a half checkpoint under
+a valid name; a checkpoint whose files do not match its manifest (disk corruption, truncation) is
+reported and skipped, and the next newest valid one is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+PREFIX = "round-"
+FILES = ("model.safetensors", "trainer.pt", "state.json")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    round: int
+    policy_version: int
+    digest: str  # state_digest(model, optimizer) at save time
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(root: Path, round_: int, policy_version: int, model, optimizer, digest: str, keep: int) -> Path:
+    """Write checkpoint ``round_`` atomically under ``root`` and prune to the newest ``keep``."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{round_:06d}"
+    tmp = root / f".tmp-{PREFIX}{round_:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
+    state = {"round": round_, "policy_version": policy_version, "python_rng": _python_rng_to_json()}
+    (tmp / "state.json").write_text(json.dumps(state))
+    manifest = {"round": round_, "policy_version": policy_version, "digest": digest}
+    manifest["files"] = {name: _sha256(tmp / name) for name in FILES}
+    for name in FILES:
+        with (tmp / name).open("rb+") as f:
+            os.fsync(f.fileno())
+    with (tmp / "manifest.json").open("w") as f:
+        json.dump(manifest, f)
+        f.flush()
+        os.fsync(f.fileno())
+    if final.exists():  # a re-run of the same round after a resume: replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    for stale in _candidates(root)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for tmp in root.glob(f".tmp-{PREFIX}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Checkpoint folders, newest first."""
+    found = []
+    for path in root.glob(f"{PREFIX}*"):
+        try:
+            found.append((int(path.name[len(PREFIX) :]), path))
+        except ValueError:
+            continue
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def validate(path: Path) -> CheckpointInfo:
+    """Check a checkpoint folder against its manifest; raises ValueError saying what is wrong."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"missing or unreadable manifest ({exc})") from None
+    for name in FILES:
+        expected = manifest.get("files", {}).get(name)
+        if expected is None or not (path / name).is_file():
+            raise ValueError(f"{name} missing")
+        if _sha256(path / name) != expected:
+            raise ValueError(f"{name} does not match its checksum (corrupt or truncated)")
+    return CheckpointInfo(path, int(manifest["round"]), int(manifest["policy_version"]), str(manifest["digest"]))
+
+
+def newest_valid(root: Path, log=lambda msg: print(msg, file=sys.stderr)) -> CheckpointInfo | None:
+    """The newest checkpoint that passes validation; invalid newer ones are reported and skipped."""
+    for path in _candidates(root) if root.is_dir() else []:
+        try:
+            return validate(path)
+        except ValueError as exc:
+            log(f"skipping checkpoint {path}: {exc}")
+    return None
+
+
+def load_model_weights(info: CheckpointInfo, model) -> None:
+    load_model(model, str(info.path / "model.safetensors"), strict=True)
+
+
+def restore(info: CheckpointInfo, model, optimizer) -> None:
+    """Load weights, optimizer state and RNG states from a validated checkpoint."""
+    load_model_weights(info, model)
+    trainer_state = torch.load(info.path / "trainer.pt", weights_only=True, map_location="cpu")
+    optimizer.load_state_dict(trainer_state["optimizer"])
+    torch.set_rng_state(trainer_state["torch_rng"])
+    state = json.loads((info.path / "state.json").read_text())
+    _python_rng_from_json(state["python_rng"])
+
+
+def _python_rng_to_json() -> list:
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def _python_rng_from_json(state: list) -> None:
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))

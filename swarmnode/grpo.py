@@ -1,0 +1,85 @@
+"""GRPO/DAPO policy loss, written as small pure functions.
+
+Where this departs from textbook GRPO (Shao et al. 2024):
+- token-level aggregation (DAPO): the loss is a sum over every completion token in the batch divided
+  by the batch's total token count, so long completions are not down-weighted per token and
+  micro-batches accumulate to exactly the full-batch loss;
+- asymmetric clipping (DAPO clip-higher): ratio clipped to [1 - clip_low, 1 + clip_high];
+- groups whose rewards are all equal carry no signal (zero advantage) and are dropped before the
+  update rather than diluting the token mean;
+- the KL penalty to a reference policy is optional (k3 estimator) and off by default;
+- ``token_weight`` and ``mask`` are where off-policy corrections plug in (importance weights,
+  masking of out-of-range ratios); on on-policy data both are 1 and this is plain GRPO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean) / (std + eps) within one question group; std is the unbiased sample std as in GRPO."""
+    centred = rewards - rewards.mean()
+    if not scale or rewards.numel() < 2:
+        return centred
+    return centred / (rewards.std() + eps)
+
+
+@dataclass
+class LossTerms:
+    """Token sums of one micro-batch; divide by the batch's token count to get means."""
+
+    loss: torch.Tensor  # differentiable, already divided by total_tokens
+    pg_sum: float
+    kl_sum: float
+    clipped_low: int
+    clipped_high: int
+    tokens: int
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    total_tokens: int,
+    token_weight: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+) -> LossTerms:
+    """Clipped surrogate with token-level aggregation.
+
+    Shapes: ``logp``, ``old_logp``, ``mask``, ``token_weight``, ``ref_logp`` are [B, T]; ``advantages``
+    is [B] (one value per completion, broadcast over its tokens). ``mask`` is 1 on completion tokens
+    that count. ``total_tokens`` is the mask sum over the *whole* batch (all micro-batches).
+    """
+    mask = mask.to(logp.dtype)
+    adv = advantages.to(logp.dtype).unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_token = -torch.minimum(ratio * adv, clipped * adv)
+    if token_weight is not None:
+        per_token = per_token * token_weight
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and kl_beta > 0:
+        log_r = ref_logp - logp
+        kl = torch.exp(log_r) - log_r - 1.0  # k3: unbiased, always >= 0
+        per_token = per_token + kl_beta * kl
+    loss = (per_token * mask).sum() / max(total_tokens, 1)
+    with torch.no_grad():
+        low = ((ratio < 1.0 - clip_low) & (adv < 0) & (mask > 0)).sum().item()
+        high = ((ratio > 1.0 + clip_high) & (adv > 0) & (mask > 0)).sum().item()
+        pg = -(torch.minimum(ratio * adv, clipped * adv) * mask).sum().item()
+    return LossTerms(
+        loss=loss,
+        pg_sum=pg,
+        kl_sum=float((kl.detach() * mask).sum().item()),
+        clipped_low=int(low),
+        clipped_high=int(high),
+        tokens=int(mask.sum().item()),
+    )

@@ -1,0 +1,120 @@
+"""Node lifecycle: set up the parts, resume from the newest valid checkpoint, run rounds, checkpoint.
+
+The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` hook (see rounds.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from swarmnode import checkpoint
+from swarmnode.config import NodeConfig
+from swarmnode.identity import load_or_create
+from swarmnode.policy import load_policy, state_digest
+from swarmnode.rounds import Exchange, RoundContext, run_round
+from swarmnode.runlog import RunLog, round_line
+from swarmnode.sampler import make_sampler
+from swarmnode.tasks import TaskBank
+from swarmnode.trainer import Trainer
+
+
+def log(message: str) -> None:
+    tqdm.write(message, file=sys.stderr)
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = self.run_dir / "checkpoints"
+        self.runlog = RunLog(self.run_dir)
+        self.completed_rounds = 0
+
+        identity_path = cfg.run.identity_path or self.run_dir / "identity.key"
+        self.identity, created = load_or_create(identity_path)
+        if created:
+            log(f"created node identity {identity_path} (peer id {self.identity.peer_id})")
+        self.bank = TaskBank(cfg.tasks)  # validates the task mix before the slow model load
+        torch.manual_seed(cfg.train.seed)
+        t0 = time.perf_counter()
+        self.policy = load_policy(cfg.model, seed=cfg.train.seed)
+        n_params = sum(p.numel() for p in self.policy.model.parameters())
+        log(
+            f"policy {self.policy.name}: {n_params / 1e6:.1f}M params on {self.policy.device} "
+            f"({str(self.policy.dtype).removeprefix('torch.')}), loaded in {time.perf_counter() - t0:.1f}s"
+        )
+        ref_model = None
+        if cfg.train.kl_beta > 0:
+            ref_model = copy.deepcopy(self.policy.model).requires_grad_(False)
+        pad_id = self.policy.tokenizer.pad_token_id
+        self.trainer = Trainer(self.policy.model, pad_id, cfg.train, ref_model=ref_model)
+        self.sampler = make_sampler(cfg.sampling, self.policy)
+        if cfg.run.resume:
+            self._resume()
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    def _resume(self) -> None:
+        info = checkpoint.newest_valid(self.checkpoints, log=log)
+        if info is None:
+            return
+        checkpoint.restore(info, self.policy.model, self.trainer.optimizer)
+        self.trainer.policy_version = info.policy_version
+        self.completed_rounds = info.round
+        digest = state_digest(self.policy.model, self.trainer.optimizer)
+        log(f"resumed from {info.path} at round {info.round} (state digest {digest})")
+        if digest != info.digest:
+            raise RuntimeError(f"checkpoint {info.path} restored to a different state than it saved")
+        dropped = self.runlog.truncate_after(info.round)
+        if dropped:
+            log(f"rounds {dropped[0]}-{dropped[-1]} ran after that checkpoint and will run again")
+
+    def save_checkpoint(self) -> Path:
+        digest = state_digest(self.policy.model, self.trainer.optimizer)
+        return checkpoint.save(
+            self.checkpoints,
+            self.completed_rounds,
+            self.trainer.policy_version,
+            self.policy.model,
+            self.trainer.optimizer,
+            digest,
+            keep=self.cfg.run.keep_checkpoints,
+        )
+
+    def run(self, exchange: Exchange | None = None) -> None:
+        """Run until ``run.rounds`` rounds are complete (forever if None)."""
+        ctx = RoundContext(
+            cfg=self.cfg,
+            policy=self.policy,
+            bank=self.bank,
+            sampler=self.sampler,
+            trainer=self.trainer,
+            peer_id=self.peer_id,
+            exchange=exchange,
+        )
+        target = self.cfg.run.rounds
+        every = self.cfg.run.checkpoint_every
+        bar = tqdm(total=target, initial=self.completed_rounds, unit="round", file=sys.stderr, dynamic_ncols=True)
+        try:
+            while target is None or self.completed_rounds < target:
+                round_ = self.completed_rounds + 1
+                record = run_round(ctx, round_)
+                self.completed_rounds = round_
+                self.runlog.append(record)
+                log(round_line(record))
+                bar.update(1)
+                bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
+                if round_ % every == 0 or round_ == target:
+                    path = self.save_checkpoint()
+                    log(f"checkpoint {path}")
+        finally:
+            bar.close()

@@ -1,0 +1,125 @@
+"""One RL round: questions -> completions -> rewards -> (peer exchange) -> advantages -> update.
+
+The exchange step is a hook: a solo node has none; a swarm node publishes its local groups and returns
+the verified peer groups that arrived before its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from swarmnode.batching import encode_prompt, to_sequences
+from swarmnode.config import NodeConfig
+from swarmnode.rollouts import Completion, Provenance, RolloutGroup
+from swarmnode.sampler import Sampler
+from swarmnode.tasks import Question, TaskBank
+from swarmnode.trainer import Trainer
+
+Exchange = Callable[[int, list[RolloutGroup]], list[RolloutGroup]]
+
+
+def score_group(
+    bank: TaskBank, question: Question, completions: Sequence[Completion], provenance: Provenance
+) -> RolloutGroup:
+    """Rewards computed here, by this node's own verifier, whoever sampled the completions."""
+    scored = [bank.score(question, c.text) for c in completions]
+    return RolloutGroup(
+        ref=question.ref,
+        question=question.text,
+        completions=tuple(completions),
+        rewards=tuple(s[0] for s in scored),
+        task_scores=tuple(s[1] for s in scored),
+        format_ok=tuple(s[2] for s in scored),
+        provenance=provenance,
+    )
+
+
+@dataclass
+class RoundContext:
+    cfg: NodeConfig
+    policy: object  # swarmnode.policy.Policy
+    bank: TaskBank
+    sampler: Sampler
+    trainer: Trainer
+    peer_id: str
+    exchange: Exchange | None = None
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], int]:
+    """This round's local question groups, scored; also returns the number of sampled tokens."""
+    cfg = ctx.cfg
+    refs = ctx.bank.draw(round_, cfg.sampling.questions_per_round)
+    questions = [ctx.bank.question(ref) for ref in refs]
+    prompts = [encode_prompt(ctx.policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
+    completions = ctx.sampler.sample(
+        prompts,
+        cfg.sampling.completions_per_question,
+        max_new_tokens=cfg.sampling.max_new_tokens,
+        temperature=cfg.sampling.temperature,
+        seed=cfg.train.seed * 1_000_003 + round_,
+    )
+    provenance = Provenance(
+        source="local",
+        producer=ctx.peer_id,
+        policy_version=ctx.trainer.policy_version,
+        round=round_,
+        model_name=ctx.policy.name,
+        tokenizer_fingerprint=ctx.policy.tokenizer_fingerprint,
+    )
+    groups = [score_group(ctx.bank, q, c, provenance) for q, c in zip(questions, completions, strict=True)]
+    tokens = sum(len(c.token_ids or ()) for group in completions for c in group)
+    return groups, tokens
+
+
+def run_round(ctx: RoundContext, round_: int) -> dict:
+    """Run round ``round_`` and return its metrics record."""
+    t0 = time.perf_counter()
+    local, sampled_tokens = sample_local(ctx, round_)
+    t_sample = time.perf_counter()
+    external = ctx.exchange(round_, local) if ctx.exchange else []
+    t_share = time.perf_counter()
+    groups = local + external
+    sequences = to_sequences(
+        groups,
+        ctx.policy.tokenizer,
+        ctx.policy.tokenizer_fingerprint,
+        scale_advantages=ctx.cfg.train.scale_advantages,
+        system_prompt=ctx.cfg.sampling.system_prompt,
+    )
+    stats = ctx.trainer.step(sequences)
+    t_train = time.perf_counter()
+    sync_seconds = ctx.sampler.sync_weights()
+    t_end = time.perf_counter()
+
+    local_rewards = [r for g in local for r in g.rewards]
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for g in local:
+        per_task[g.ref.dataset].extend(g.rewards)
+    return {
+        "round": round_,
+        "policy_version": ctx.trainer.policy_version,
+        "reward_mean": _mean(local_rewards),
+        "task_score_mean": _mean([s for g in local for s in g.task_scores]),
+        "reward_external_mean": _mean([r for g in external for r in g.rewards]),
+        "format_rate": _mean([float(ok) for g in local for ok in g.format_ok]),
+        "reward_by_task": {task: _mean(v) for task, v in sorted(per_task.items())},
+        "groups_total": len(groups),
+        "groups_local": len(local),
+        "groups_external": len(external),
+        "groups_kept": len({id(s.group) for s in sequences}),
+        "sampled_tokens": sampled_tokens,
+        "sample_tokens_per_s": sampled_tokens / max(t_sample - t0, 1e-9),
+        "seconds_sample": t_sample - t0,
+        "seconds_share": t_share - t_sample,
+        "seconds_train": t_train - t_share,
+        "seconds_sync": sync_seconds,
+        "seconds_total": t_end - t0,
+        **{f"train_{k}": v for k, v in stats.as_dict().items()},
+    }

@@ -1,0 +1,60 @@
+"""What the user sees and keeps: one console line per round and every round's record in JSONL."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class RunLog:
+    """Appends one JSON object per completed round to ``<run_dir>/metrics.jsonl``."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / METRICS_FILE
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut by a crash ends the log
+        return records
+
+    def truncate_after(self, round_: int) -> list[int]:
+        """Drop records of rounds after ``round_`` (work the last checkpoint does not contain).
+
+        Rewritten atomically; returns the dropped round numbers.
+        """
+        records = self.records()
+        kept = [r for r in records if r["round"] <= round_]
+        dropped = [r["round"] for r in records if r["round"] > round_]
+        if dropped or len(records) != len(self.path.read_text().splitlines() if self.path.exists() else []):
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.path)
+        return dropped
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def round_line(record: dict[str, Any]) -> str:
+    """The per-round console line."""
+    return (
+        f"round {record['round']:>4}  reward {record['reward_mean']:.3f}  "
+        f"format {record['format_rate']:.0%}  groups {record['groups_kept']}/{record['groups_total']}  "
+        f"sample {record['sample_tokens_per_s']:.0f} tok/s  "
+        f"step {record['seconds_total']:.1f}s (sample {record['seconds_sample']:.1f} / "
+        f"train {record['seconds_train']:.1f})"
+    )
