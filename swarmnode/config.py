@@ -85,8 +85,12 @@ class TasksConfig(_Strict):
         default_factory=lambda: {name: TaskSpec() for name in SAPO_TASKS},
         description="reasoning-gym datasets and their weights/configs (default: the nine SAPO tasks).",
     )
-    seed: int = Field(0, description="Base seed of this node's question stream.")
-    eval_seed: int = Field(10_000_019, description="Seed of the held-out questions used by `swarmnode eval`.")
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="Seed of this node's question stream (None = derived from its peer id)."
+    )
+    eval_seed: int = Field(
+        10_000_019, ge=0, lt=2**63, description="Seed of the held-out questions used by `swarmnode eval`."
+    )
     format_reward: float = Field(
         0.1, ge=0, le=1, description="Reward added when the answer is given in the stated format."
     )

@@ -6,6 +6,7 @@ The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` h
 from __future__ import annotations
 
 import copy
+import hashlib
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,9 @@ class Node:
         self.identity, created = load_or_create(identity_path)
         if created:
             log(f"created node identity {identity_path} (peer id {self.identity.peer_id})")
-        self.bank = TaskBank(cfg.tasks)  # validates the task mix before the slow model load
+        # Validates the task mix before the slow model load; peers draw different question streams.
+        stream_seed = int.from_bytes(hashlib.sha256(self.identity.peer_id.encode()).digest()[:8], "big")
+        self.bank = TaskBank(cfg.tasks, default_seed=stream_seed)
         torch.manual_seed(cfg.train.seed)
         t0 = time.perf_counter()
         self.policy = load_policy(cfg.model, seed=cfg.train.seed)
