@@ -14,20 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 
-def _freeze(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
-        return {k: _thaw(v) for k, v in value}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
+def _canonical_json(config: Mapping[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -37,14 +25,14 @@ class TaskRef:
     dataset: str
     seed: int
     index: int
-    config: tuple = ()  # frozen, sorted (key, value) pairs; see make() / config_dict()
+    config: str = "{}"  # canonical JSON (sorted keys): hashable and unambiguous; see make()
 
     @classmethod
     def make(cls, dataset: str, seed: int, index: int, config: Mapping[str, Any] | None = None) -> TaskRef:
-        return cls(dataset=dataset, seed=int(seed), index=int(index), config=_freeze(config or {}))
+        return cls(dataset=dataset, seed=int(seed), index=int(index), config=_canonical_json(config or {}))
 
     def config_dict(self) -> dict[str, Any]:
-        return _thaw(self.config) if self.config else {}
+        return json.loads(self.config)
 
     def key(self) -> str:
         """Canonical string form, stable across processes (used for dedup and logs)."""
