@@ -45,10 +45,15 @@ _RESERVED = ("seed", "size")  # set from the ref, never from the config
 for _module in ("binary_matrix", "spiral_matrix", "string_insertion"):
     importlib.import_module(f"reasoning_gym.algorithmic.{_module}").eval = ast.literal_eval
 
-DEFAULT_SYSTEM_PROMPT = (
-    "Solve the problem. You may reason briefly first. Then give only the final answer inside "
-    "<answer></answer> tags, for example <answer>42</answer>."
-)
+DEFAULT_SYSTEM_PROMPT = "Answer the question. Put the final answer inside <answer></answer> tags."
+
+# A worked example turn before the question: SmolLM2-135M used the tags in 0 of 64 completions with the
+# instruction alone and in 17 of 64 with it (easy arithmetic), which is what lets format and task
+# reward vary within a group from the first round.
+_EXAMPLE = [
+    {"role": "user", "content": "What is 3 + 4?"},
+    {"role": "assistant", "content": "3 + 4 = 7\n<answer>7</answer>"},
+]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 _ANSWER_MARKER = re.compile(r"\banswer(?:\s+is\b\s*:?|\s*:)", re.IGNORECASE)
@@ -70,9 +75,10 @@ class Question:
 
 
 def prompt_messages(question_text: str, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """Chat messages for one question; the system prompt states the answer format being rewarded."""
+    """Chat messages for one question: the system prompt states the rewarded answer format and one
+    example exchange shows it."""
     system = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
-    return [{"role": "system", "content": system}, {"role": "user", "content": question_text}]
+    return [{"role": "system", "content": system}, *_EXAMPLE, {"role": "user", "content": question_text}]
 
 
 def extract_answer(text: str) -> tuple[str, bool]:

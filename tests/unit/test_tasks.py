@@ -121,9 +121,12 @@ def test_extract_answer(text: str, expected: tuple[str, bool]) -> None:
 
 
 def test_prompt_states_the_format() -> None:
-    system, user = prompt_messages("What is 1 + 1?")
+    system, example_q, example_a, user = prompt_messages("What is 1 + 1?")
     assert system == {"role": "system", "content": DEFAULT_SYSTEM_PROMPT}
     assert "<answer>" in DEFAULT_SYSTEM_PROMPT and "</answer>" in DEFAULT_SYSTEM_PROMPT
+    # the example turn shows the rewarded format and scores as well-formed
+    assert (example_q["role"], example_a["role"]) == ("user", "assistant")
+    assert extract_answer(example_a["content"]) == ("7", True)
     assert user == {"role": "user", "content": "What is 1 + 1?"}
     assert prompt_messages("q", system_prompt="Be terse.")[0]["content"] == "Be terse."
 
