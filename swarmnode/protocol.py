@@ -283,7 +283,7 @@ class RosterCard:
 
 @dataclass(frozen=True)
 class BatchAnnouncement:
-    """ "I have a rollout batch for this round": DHT ``announce_key(swarm_id, round)``, subkey = peer id.
+    """ "I have a rollout batch for this round": DHT ``announce_key(swarm_id)``, subkey = peer id.
     Pull it from the announcer by ``payload_sha256`` (see ``PAYLOAD_STREAM``)."""
 
     TYPE: ClassVar[str] = BATCH_ANNOUNCEMENT
@@ -846,11 +846,11 @@ def roster_key(swarm_id: str) -> str:
     return f"swarmnode/{validate_swarm_id(swarm_id)}/roster"
 
 
-def announce_key(swarm_id: str, round: int) -> str:
-    """DHT key of one round's announcements; subkey = peer id, value = encoded BatchAnnouncement."""
-    if type(round) is not int or round < 0:
-        raise ValueError(f"round must be a non-negative integer, got {round!r}")
-    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce/{round}"
+def announce_key(swarm_id: str) -> str:
+    """DHT key of the swarm's announcements; subkey = peer id, value = that peer's latest encoded
+    BatchAnnouncement. One key for all rounds: peers run at their own pace (and restart), so a reader
+    takes every peer's newest batch whatever its round number."""
+    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce"
 
 
 def roster_ttl_s(announce_period_s: float) -> float:

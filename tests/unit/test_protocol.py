@@ -392,13 +392,13 @@ def test_stream_framing():
 
 def test_dht_layout_and_freshness():
     assert P.roster_key("demo-1") == "swarmnode/demo-1/roster"
-    assert P.announce_key("demo-1", 12) == "swarmnode/demo-1/announce/12"
+    assert P.announce_key("demo-1") == "swarmnode/demo-1/announce"
     assert P.roster_ttl_s(10.0) == 20.0 and P.announce_ttl_s(30.0) == 90.0
     for bad in ("", "has/slash", "-dash-first", "x" * 65, "spa ce"):
         with pytest.raises(ValueError, match="swarm id"):
             P.roster_key(bad)
-    with pytest.raises(ValueError):
-        P.announce_key("demo", -1)
+    with pytest.raises(ValueError, match="swarm id"):
+        P.announce_key("has/slash")
     P.check_fresh(100.0, now=129.0)
     P.check_fresh(100.0, now=71.0)
     for ts in (131.0, 69.0, math.nan, math.inf):
