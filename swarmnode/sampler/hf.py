@@ -53,8 +53,14 @@ class HFSampler(Sampler):
         )
         self.model.train(was_training)
         new_tokens = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B*n, T, V]
-        logprobs = torch.gather(logits.log_softmax(-1), -1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        # One step at a time: stacking [B*n, T, V] logits would multiply peak memory for a 49k vocab.
+        logprobs = torch.stack(
+            [
+                (step.float() / temperature).log_softmax(-1).gather(-1, new_tokens[:, t : t + 1]).squeeze(-1)
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        )
         results: list[list[Completion]] = [[] for _ in prompts]
         for row in range(new_tokens.shape[0]):
             ids = new_tokens[row].tolist()
