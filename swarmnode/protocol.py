@@ -909,12 +909,14 @@ def completion_from_wire(c: WireCompletion) -> Completion:
 
 
 def group_to_wire(group: RolloutGroup, *, include_logprobs: bool = True) -> WireGroup:
+    """Claimed rewards are the task scores (no format bonus), which every honest verifier reproduces
+    whatever its own format_reward setting."""
     return WireGroup(
         task=task_to_wire(group.ref),
         completions=tuple(
             completion_to_wire(c, include_logprobs=include_logprobs) for c in group.completions
         ),
-        claimed_rewards=tuple(float(r) for r in group.rewards),
+        claimed_rewards=tuple(float(r) for r in group.task_scores),
     )
 
 

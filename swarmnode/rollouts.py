@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 
@@ -71,10 +71,10 @@ class RolloutGroup:
     ref: TaskRef
     question: str
     completions: tuple[Completion, ...]
-    rewards: tuple[float, ...]
+    rewards: tuple[float, ...]  # task score + format bonus: what the learner optimises
+    task_scores: tuple[float, ...]  # the dataset's own score alone: what peers claim and compare
     format_ok: tuple[bool, ...]
     provenance: Provenance
-    task_scores: tuple[float, ...] = field(default=())  # reward without the format bonus
 
     @property
     def informative(self) -> bool:

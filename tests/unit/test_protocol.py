@@ -192,7 +192,8 @@ def test_conversions_from_and_to_rollout_types():
         ref=ref,
         question="What is 5 + 7?",
         completions=completions,
-        rewards=(1.0, 0.0),
+        rewards=(1.1, 0.0),
+        task_scores=(1.0, 0.0),
         format_ok=(True, False),
         provenance=Provenance(source="local", producer=ME.peer_id, policy_version=3, round=5),
     )
@@ -213,6 +214,7 @@ def test_conversions_from_and_to_rollout_types():
     assert decoded == b  # logprobs were rounded to float32 when the batch was made
     [received] = P.received_groups(decoded)
     assert received.ref == ref and received.ref.key() == ref.key()
+    assert received.claimed_rewards == (1.0, 0.0)  # task scores, not the format-shaped rewards
     assert received.claimed_rewards == (1.0, 0.0)
     assert received.provenance == Provenance(
         source="peer",
