@@ -86,7 +86,10 @@ class TasksConfig(_Strict):
         description="reasoning-gym datasets and their weights/configs (default: the nine SAPO tasks).",
     )
     seed: int | None = Field(
-        None, ge=0, lt=2**63, description="Seed of this node's question stream (None = derived from its peer id)."
+        None,
+        ge=0,
+        lt=2**63,
+        description="Seed of this node's question stream (None = derived from its peer id).",
     )
     eval_seed: int = Field(
         10_000_019, ge=0, lt=2**63, description="Seed of the held-out questions used by `swarmnode eval`."
@@ -121,7 +124,9 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     clip_low: float = Field(0.2, ge=0, description="Lower clip epsilon of the PPO ratio.")
     clip_high: float = Field(0.28, ge=0, description="Upper clip epsilon (DAPO clip-higher).")
-    kl_beta: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference policy (0 = off).")
+    kl_beta: float = Field(
+        0.0, ge=0, description="Weight of the KL penalty to the reference policy (0 = off)."
+    )
     scale_advantages: bool = Field(True, description="Divide group advantages by the group's reward std.")
     updates_per_round: int = Field(1, gt=0, description="Optimizer steps per round over the same batch.")
     token_budget: int = Field(
@@ -149,6 +154,12 @@ class SwarmConfig(_Strict):
     external_per_round: int = Field(4, ge=0, description="Peer question groups trained on per round (J).")
     share_deadline_s: float = Field(
         10.0, gt=0, description="How long a round waits for peer groups before training without them."
+    )
+    min_peers: int = Field(
+        0, ge=0, description="Peers to wait for before the first round (0 = start at once)."
+    )
+    wait_for_peers_s: float = Field(
+        120.0, gt=0, description="Longest wait for min_peers before starting anyway."
     )
 
 

@@ -37,8 +37,10 @@ def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_si
     return texts
 
 
-def evaluate_checkpoint(cfg: NodeConfig, checkpoint: Path | None, per_task: int) -> dict[str, dict[str, float]]:
-    """Per task: mean score, pass@1 (score == 1) and answer-format rate, on ``per_task`` held-out questions."""
+def evaluate_checkpoint(
+    cfg: NodeConfig, checkpoint: Path | None, per_task: int
+) -> dict[str, dict[str, float]]:
+    """Per task: mean score, pass@1 (score == 1) and answer-format rate on held-out questions."""
     bank = TaskBank(cfg.tasks)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     if checkpoint is None:
@@ -71,9 +73,6 @@ def format_report(report: dict[str, dict[str, float]]) -> str:
     lines = [f"{'task':<26}{'pass@1':>8}{'score':>8}{'format':>8}"]
     for task, row in report.items():
         lines.append(f"{task:<26}{row['pass@1']:>8.2f}{row['score']:>8.2f}{row['format']:>8.2f}")
-    n = len(report)
-    lines.append(
-        f"{'mean':<26}{sum(r['pass@1'] for r in report.values()) / n:>8.2f}"
-        f"{sum(r['score'] for r in report.values()) / n:>8.2f}{sum(r['format'] for r in report.values()) / n:>8.2f}"
-    )
+    means = {key: sum(r[key] for r in report.values()) / len(report) for key in ("pass@1", "score", "format")}
+    lines.append(f"{'mean':<26}{means['pass@1']:>8.2f}{means['score']:>8.2f}{means['format']:>8.2f}")
     return "\n".join(lines)

@@ -13,28 +13,12 @@ from dataclasses import dataclass
 
 from swarmnode.batching import encode_prompt, to_sequences
 from swarmnode.config import NodeConfig
-from swarmnode.rollouts import Completion, Provenance, RolloutGroup
+from swarmnode.rollouts import Provenance, RolloutGroup
 from swarmnode.sampler import Sampler
-from swarmnode.tasks import Question, TaskBank
+from swarmnode.tasks import TaskBank
 from swarmnode.trainer import Trainer
 
 Exchange = Callable[[int, list[RolloutGroup]], list[RolloutGroup]]
-
-
-def score_group(
-    bank: TaskBank, question: Question, completions: Sequence[Completion], provenance: Provenance
-) -> RolloutGroup:
-    """Rewards computed here, by this node's own verifier, whoever sampled the completions."""
-    scored = [bank.score(question, c.text) for c in completions]
-    return RolloutGroup(
-        ref=question.ref,
-        question=question.text,
-        completions=tuple(completions),
-        rewards=tuple(s[0] for s in scored),
-        task_scores=tuple(s[1] for s in scored),
-        format_ok=tuple(s[2] for s in scored),
-        provenance=provenance,
-    )
 
 
 @dataclass
@@ -73,7 +57,7 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
         model_name=ctx.policy.name,
         tokenizer_fingerprint=ctx.policy.tokenizer_fingerprint,
     )
-    groups = [score_group(ctx.bank, q, c, provenance) for q, c in zip(questions, completions, strict=True)]
+    groups = [ctx.bank.score_group(q, c, provenance) for q, c in zip(questions, completions, strict=True)]
     tokens = sum(len(c.token_ids or ()) for group in completions for c in group)
     return groups, tokens
 

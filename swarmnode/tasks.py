@@ -23,6 +23,7 @@ import io
 import math
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
 from swarmnode.config import TasksConfig
-from swarmnode.rollouts import TaskRef
+from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 
 INDEX_LIMIT = 2**31  # refs carry 0 <= index < INDEX_LIMIT
 SEED_LIMIT = 2**63  # and 0 <= seed < SEED_LIMIT
@@ -157,6 +158,21 @@ class TaskBank:
             TaskRef.make(name, seed, round * count + j, self.tasks.mix[name].config)
             for j, name in enumerate(names)
         ]
+
+    def score_group(
+        self, question: Question, completions: Sequence[Completion], provenance: Provenance
+    ) -> RolloutGroup:
+        """Score G completions of one question with this node's own verifier, whoever sampled them."""
+        scored = [self.score(question, c.text) for c in completions]
+        return RolloutGroup(
+            ref=question.ref,
+            question=question.text,
+            completions=tuple(completions),
+            rewards=tuple(s[0] for s in scored),
+            task_scores=tuple(s[1] for s in scored),
+            format_ok=tuple(s[2] for s in scored),
+            provenance=provenance,
+        )
 
     def eval_refs(self, per_task: int) -> dict[str, list[TaskRef]]:
         """Held-out refs: the first ``per_task`` items of every dataset under tasks.eval_seed."""

@@ -61,8 +61,9 @@ def test_token_level_aggregation_and_microbatch_equivalence():
     # token mean: (-1*1 + 1*3) / 4 = 0.5 (a per-sequence mean would give (-1 + 1)/2 = 0)
     assert full == pytest.approx(0.5)
     parts = sum(
-        policy_loss(logp[i : i + 1], logp[i : i + 1], adv[i : i + 1], mask[i : i + 1], total_tokens=4, **CLIP)
-        .loss.item()
+        policy_loss(
+            logp[i : i + 1], logp[i : i + 1], adv[i : i + 1], mask[i : i + 1], total_tokens=4, **CLIP
+        ).loss.item()
         for i in range(2)
     )
     assert parts == pytest.approx(full)

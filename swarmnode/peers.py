@@ -1,0 +1,292 @@
+"""Per-peer state at the network edge: who to trust how much.
+
+A ``PeerBook`` remembers, for each peer id it has had to judge:
+
+- **strikes and bans**: a strike costs reputation; ``strike_limit`` strikes ban the peer (and reset its
+  strikes). Forgery-class offences and floods ban at once (``IMMEDIATE_BAN_REASONS``). The n-th ban of a
+  peer lasts ``ban_base_s * ban_factor**(n - 1)`` seconds, capped at ``ban_max_s`` (60, 120, 240, ...
+  up to an hour with the defaults), so a repeat offender stays out longer each time while an honest
+  peer that tripped once is back within a minute.
+- **rate limits**: two token buckets per peer, one counting batches and one counting bytes, refilled
+  continuously; ``allow`` spends from both or from neither.
+- **sequence numbers**: the highest ``seq`` accepted per (peer, message type), so an old signed record
+  written back into the DHT is a ``replay`` while the same record read twice is a harmless duplicate.
+- **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups and falls
+  with every strike. It only informs (status, metrics, peer choice); bans come from strikes.
+
+Memory is bounded: at most ``max_peers`` peers are tracked; the least recently seen peer that is not
+banned makes room for a new one. Lookups (``is_banned``) never create an entry, so probing with made-up
+peer ids costs nothing. The clock is monotonic; every method is safe to call from several threads.
+
+Who gets charged is the caller's decision (``swarmnode.verify``): only the peer that signed a message or
+sent it over its own authenticated stream, never an id merely named in the bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from swarmnode.protocol import MAX_FRAME_BYTES, ProtocolError
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+
+# Offences that no honest node commits, even by accident, so one is enough for a ban:
+# - bad_signature: the bytes came over the peer's authenticated stream and matched the hash it had
+#   announced, yet do not verify: it is forging or serving tampered data;
+# - peer_id_mismatch: it signed a body that names another peer (impersonation attempt);
+# - wrong_sender: it served (or announced) a payload signed by someone else;
+# - rate_limited: it sends faster than the limits any honest node stays within (a flood).
+IMMEDIATE_BAN_REASONS = frozenset({"bad_signature", "peer_id_mismatch", "wrong_sender", "rate_limited"})
+
+REPUTATION_MIN, REPUTATION_MAX = -1.0, 1.0
+REPUTATION_PER_GROUP = 0.01  # an accepted group raises reputation slowly ...
+REPUTATION_PER_STRIKE = 0.25  # ... a strike lowers it fast
+_RECENT_DIGESTS = 8  # per (peer, type): recently accepted record digests, re-read as duplicates
+
+
+@dataclass
+class _Bucket:
+    """A token bucket: ``capacity`` tokens, refilled at ``rate_per_s``."""
+
+    capacity: float
+    rate_per_s: float
+    tokens: float
+    updated: float
+
+    def refill(self, now: float) -> None:
+        if now > self.updated:
+            self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.rate_per_s)
+        self.updated = max(self.updated, now)
+
+
+@dataclass
+class _Peer:
+    batches: _Bucket
+    bytes: _Bucket
+    last_seen: float
+    reputation: float = 0.0
+    strikes: float = 0.0
+    ban_count: int = 0
+    banned_until: float = -math.inf
+    last_reason: str = ""
+    accepted_groups: int = 0
+    seqs: dict[str, tuple[int, deque[bytes]]] = field(default_factory=dict)  # type -> (highest, digests)
+
+
+class PeerBook:
+    """Strikes, bans, rate limits, sequence numbers and reputation per peer id (see the module doc)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        ban_base_s: float = 60.0,
+        ban_factor: float = 2.0,
+        ban_max_s: float = 3600.0,
+        strike_limit: int = 3,
+        batch_rate_per_min: float = 120.0,
+        byte_rate_per_min: float = 16 * MiB,
+        burst: int = 16,
+        max_peers: int = 4096,
+    ) -> None:
+        """``burst`` batches may arrive back to back; the byte bucket holds the same burst's worth of
+        bytes at the average allowed batch size, and never less than one maximum-size batch."""
+        checks = {
+            "ban_base_s": ban_base_s > 0,
+            "ban_factor": ban_factor >= 1,
+            "ban_max_s": ban_max_s >= ban_base_s,
+            "strike_limit": strike_limit >= 1,
+            "batch_rate_per_min": batch_rate_per_min > 0,
+            "byte_rate_per_min": byte_rate_per_min > 0,
+            "burst": burst >= 1,
+            "max_peers": max_peers >= 1,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"PeerBook: {name} is out of range")
+        self.clock = clock
+        self.ban_base_s, self.ban_factor, self.ban_max_s = ban_base_s, ban_factor, ban_max_s
+        self.strike_limit = strike_limit
+        self.max_peers = max_peers
+        self.burst = burst
+        self._batch_capacity = float(burst)
+        self._batch_rate = batch_rate_per_min / 60.0
+        self._byte_capacity = max(float(MAX_FRAME_BYTES), byte_rate_per_min * burst / batch_rate_per_min)
+        self._byte_rate = byte_rate_per_min / 60.0
+        self._peers: OrderedDict[str, _Peer] = OrderedDict()  # least recently seen first
+        self._lock = threading.RLock()
+
+    # --- bans ------------------------------------------------------------------------------------
+    def is_banned(self, peer_id: str) -> bool:
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return peer is not None and self.clock() < peer.banned_until
+
+    def ban(self, peer_id: str, reason: str) -> float:
+        """Ban ``peer_id`` for its next ban duration (growing with each ban); returns the duration."""
+        with self._lock:
+            now = self.clock()
+            peer = self._touch(peer_id, now)
+            peer.ban_count += 1
+            try:
+                duration = min(self.ban_max_s, self.ban_base_s * self.ban_factor ** (peer.ban_count - 1))
+            except OverflowError:
+                duration = self.ban_max_s
+            peer.banned_until = now + duration
+            peer.strikes = 0.0
+            peer.last_reason = reason
+            peer.reputation = max(REPUTATION_MIN, peer.reputation - REPUTATION_PER_STRIKE)
+            log.warning(
+                "banned peer %s for %.0f s (ban #%d, reason: %s)", peer_id, duration, peer.ban_count, reason
+            )
+            return duration
+
+    def bans(self) -> list[tuple[str, float, int, str]]:
+        """Peers banned now: (peer id, seconds left, number of bans so far, last reason), longest first."""
+        with self._lock:
+            now = self.clock()
+            out = [
+                (peer_id, p.banned_until - now, p.ban_count, p.last_reason)
+                for peer_id, p in self._peers.items()
+                if now < p.banned_until
+            ]
+            return sorted(out, key=lambda b: -b[1])
+
+    # --- reputation ----------------------------------------------------------------------------
+    def strike(self, peer_id: str, reason: str, weight: float = 1.0) -> bool:
+        """Charge ``peer_id`` for an offence; returns True if the peer is banned now.
+
+        Reasons in ``IMMEDIATE_BAN_REASONS`` ban at once; others add ``weight`` strikes and ban when the
+        strikes reach ``strike_limit``.
+        """
+        with self._lock:
+            now = self.clock()
+            peer = self._touch(peer_id, now)
+            peer.last_reason = reason
+            peer.reputation = max(REPUTATION_MIN, peer.reputation - REPUTATION_PER_STRIKE * weight)
+            if reason in IMMEDIATE_BAN_REASONS:
+                self.ban(peer_id, reason)
+            else:
+                peer.strikes += weight
+                if peer.strikes >= self.strike_limit:
+                    self.ban(peer_id, reason)
+            return now < peer.banned_until
+
+    def reward(self, peer_id: str, n_groups: int = 1) -> None:
+        """Credit ``peer_id`` for ``n_groups`` verified, accepted groups."""
+        with self._lock:
+            peer = self._touch(peer_id, self.clock())
+            peer.accepted_groups += n_groups
+            peer.reputation = min(REPUTATION_MAX, peer.reputation + REPUTATION_PER_GROUP * n_groups)
+
+    def reputation(self, peer_id: str) -> float:
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return 0.0 if peer is None else peer.reputation
+
+    # --- rate limits ---------------------------------------------------------------------------
+    def allow(self, peer_id: str, n_bytes: int) -> bool:
+        """Spend one batch token and ``n_bytes`` byte tokens of ``peer_id``'s buckets, or none of them.
+
+        False means the peer is over its rate: the caller rejects the data as ``rate_limited`` (and
+        strikes the peer, which bans it: see ``IMMEDIATE_BAN_REASONS``).
+        """
+        with self._lock:
+            now = self.clock()
+            peer = self._touch(peer_id, now)
+            peer.batches.refill(now)
+            peer.bytes.refill(now)
+            n_bytes = max(0, n_bytes)
+            if peer.batches.tokens < 1.0 or peer.bytes.tokens < n_bytes:
+                return False
+            peer.batches.tokens -= 1.0
+            peer.bytes.tokens -= n_bytes
+            return True
+
+    # --- sequence numbers ----------------------------------------------------------------------
+    def check_sequence(
+        self, peer_id: str, msg_type: str, seq: int, digest: bytes
+    ) -> Literal["new", "duplicate"]:
+        """Record a verified message's ``seq``; PROTOCOL.md section 7.
+
+        "duplicate": the same message again (``digest`` of its bytes seen recently: e.g. a DHT record read
+        twice); "new": seq above the highest seen (now recorded). Otherwise raises
+        ``ProtocolError("replay")``: an older or reused seq with different bytes.
+        """
+        with self._lock:
+            peer = self._touch(peer_id, self.clock())
+            last = peer.seqs.get(msg_type)
+            if last is not None:
+                highest, digests = last
+                if digest in digests:
+                    return "duplicate"
+                if seq <= highest:
+                    raise ProtocolError("replay", f"{msg_type} seq {seq} <= {highest} already seen")
+            else:
+                digests = deque(maxlen=_RECENT_DIGESTS)
+            digests.append(bytes(digest))
+            peer.seqs[msg_type] = (seq, digests)
+            return "new"
+
+    # --- status --------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Counts and per-peer state, for ``swarmnode status`` and metrics."""
+        with self._lock:
+            now = self.clock()
+            peers = {
+                peer_id: {
+                    "reputation": p.reputation,
+                    "strikes": p.strikes,
+                    "bans": p.ban_count,
+                    "banned_for_s": max(0.0, p.banned_until - now),
+                    "last_reason": p.last_reason,
+                    "accepted_groups": p.accepted_groups,
+                }
+                for peer_id, p in self._peers.items()
+            }
+            return {
+                "tracked_peers": len(peers),
+                "banned_peers": sum(1 for p in peers.values() if p["banned_for_s"] > 0),
+                "bans_total": sum(p["bans"] for p in peers.values()),
+                "peers": peers,
+            }
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def __contains__(self, peer_id: object) -> bool:
+        return peer_id in self._peers
+
+    # --- internals -----------------------------------------------------------------------------
+    def _touch(self, peer_id: str, now: float) -> _Peer:
+        """The peer's entry, created if needed (evicting one if full), marked as seen now."""
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            if len(self._peers) >= self.max_peers:
+                self._evict(now)
+            peer = _Peer(
+                batches=_Bucket(self._batch_capacity, self._batch_rate, self._batch_capacity, now),
+                bytes=_Bucket(self._byte_capacity, self._byte_rate, self._byte_capacity, now),
+                last_seen=now,
+            )
+            self._peers[peer_id] = peer
+        else:
+            self._peers.move_to_end(peer_id)
+            peer.last_seen = now
+        return peer
+
+    def _evict(self, now: float) -> None:
+        """Forget the least recently seen peer that is not banned (if all are: the earliest to expire)."""
+        victim = next((pid for pid, p in self._peers.items() if now >= p.banned_until), None)
+        if victim is None:
+            victim = min(self._peers, key=lambda pid: self._peers[pid].banned_until)
+        del self._peers[victim]

@@ -1,0 +1,68 @@
+"""``swarmnode status``: a node's view of itself and its swarm, read from its run folder.
+
+A running node rewrites ``status.json`` every round and appends to ``metrics.jsonl``; reading files
+keeps ``status`` independent of the node's process (it works after a crash too).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from swarmnode.runlog import RunLog
+
+
+class StatusError(Exception):
+    """Nothing to show: the message says where we looked."""
+
+
+def read_status(run_dir: Path) -> dict:
+    records = RunLog(run_dir).records()
+    swarm = None
+    path = run_dir / "status.json"
+    if path.exists():
+        swarm = json.loads(path.read_text())
+    if not records and swarm is None:
+        raise StatusError(
+            f"{run_dir}: no metrics.jsonl or status.json yet (is a node running with --run-dir {run_dir}?)"
+        )
+    return {"last_round": records[-1] if records else None, "swarm": swarm}
+
+
+def format_status(status: dict) -> str:
+    lines = []
+    last = status["last_round"]
+    if last is not None:
+        lines.append(
+            f"round {last['round']}  policy v{last['policy_version']}  reward {last['reward_mean']:.3f}  "
+            f"format {last['format_rate']:.0%}  groups local {last['groups_local']} / peer "
+            f"{last['groups_external']} (kept {last['groups_kept']})"
+        )
+    swarm = status["swarm"]
+    if swarm is None:
+        lines.append("solo node (no swarm status)")
+        return "\n".join(lines)
+    age = time.time() - swarm["updated"]
+    lines.append(f"peer id {swarm['peer_id']}  swarm {swarm['swarm_id']}  (updated {age:.0f}s ago)")
+    lines.extend(f"  listening on {addr}" for addr in swarm["addrs"])
+    lines.append(f"peers ({len(swarm['peers'])}):")
+    for peer, info in swarm["peers"].items():
+        flag = "  BANNED" if info["banned"] else ""
+        lines.append(
+            f"  {peer}  {info['model']}  policy v{info['policy_version']}  round {info['round']}  "
+            f"seen {info['seen_s_ago']:.0f}s ago{flag}"
+        )
+    r = swarm["rollouts"]
+    lines.append(
+        f"rollouts: published {r['groups_published']} groups in {r['batches_published']} batches; "
+        f"received {r['batches_received']} batches, accepted {r['groups_accepted']} groups, "
+        f"trained on {r['groups_trained']}"
+    )
+    rejected = swarm["rejected"]
+    lines.append("rejected: " + (", ".join(f"{k} {v}" for k, v in rejected.items()) if rejected else "none"))
+    for ban in swarm["bans"]:
+        lines.append(
+            f"banned: {ban['peer']} for {ban['remaining_s']:.0f}s more ({ban['reason']}, #{ban['count']})"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,281 @@
+"""SAPO exchange: publish this node's groups, gather verified peer groups, pick J for the round.
+
+Per round the node (1) puts its local groups into one signed RolloutBatch, offers the payload over its
+stream handler and announces it in the DHT; (2) polls the roster and the announcements, pulls every new
+batch, and lets the Verifier regenerate questions and recompute rewards; (3) stops waiting once every
+live peer has delivered since the last round or the deadline passes, whichever is first, and never
+later; (4) chooses J external groups: zero-advantage groups dropped after local re-scoring, freshest
+first, uniform among equally fresh ones. Each peer group is trained on at most once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarmnode import protocol as P
+from swarmnode.config import NodeConfig
+from swarmnode.peers import PeerBook
+from swarmnode.rollouts import RolloutGroup
+from swarmnode.transport import Transport, TransportError
+from swarmnode.verify import Verifier
+
+POLL_INTERVAL_S = 0.5
+MAX_POOL_GROUPS = 512
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class PooledGroup:
+    group: RolloutGroup
+    arrived_round: int  # our round when it arrived: the freshness tier
+
+
+@dataclass
+class SwarmCounters:
+    batches_published: int = 0
+    groups_published: int = 0
+    batches_received: int = 0
+    groups_accepted: int = 0
+    groups_trained: int = 0
+    fetch_failures: Counter = field(default_factory=Counter)
+
+
+class Swarm:
+    """One node's membership in a swarm; ``exchange`` is the round loop's hook."""
+
+    def __init__(self, cfg: NodeConfig, *, identity, bank, policy, identity_path: Path, run_dir: Path):
+        self.cfg = cfg
+        self.swarm_id = P.validate_swarm_id(cfg.swarm.swarm_id)
+        self.identity = identity
+        self.policy = policy
+        self.run_dir = run_dir
+        self.transport = Transport(identity_path, cfg.swarm)
+        self.book = PeerBook()
+        self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s)
+        self.counters = SwarmCounters()
+        self.addrs: list[str] = []
+        self.roster: dict[str, P.RosterCard] = {}
+        self._ignored_peers: set[str] = set()
+        self._pulled: set[bytes] = set()  # payload digests already fetched (accepted or not)
+        self._pool: list[PooledGroup] = []
+        self._delivered: set[str] = set()  # peers whose batch arrived since our last exchange
+        self._last_seq = 0
+        self._rng = random.Random(identity.peer_id)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self, round_: int = 0, policy_version: int = 0) -> list[str]:
+        """Start the transport and put this node's roster card in the DHT."""
+        self.addrs = self.transport.start()
+        self.transport.set_peer_filter(lambda peer: not self.book.is_banned(peer))
+        self.publish_roster(round_, policy_version)
+        return self.addrs
+
+    def shutdown(self) -> None:
+        self.transport.shutdown()
+
+    def _next_seq(self) -> int:
+        """Strictly increasing across restarts too (wall-clock milliseconds)."""
+        self._last_seq = max(self._last_seq + 1, int(time.time() * 1000))
+        return self._last_seq
+
+    @property
+    def _round_ttl_s(self) -> float:
+        return max(4 * self.cfg.swarm.share_deadline_s, 60.0)
+
+    # -- publishing ------------------------------------------------------------------------------
+
+    def publish_roster(self, round_: int, policy_version: int) -> None:
+        card = P.RosterCard(
+            peer_id=self.identity.peer_id,
+            swarm_id=self.swarm_id,
+            model_name=self.policy.name,
+            tokenizer_fingerprint=self.policy.tokenizer_fingerprint,
+            policy_version=policy_version,
+            round=round_,
+            addrs=tuple(self.addrs[: P.MAX_ADDRS]),
+            timestamp=time.time(),
+            seq=self._next_seq(),
+        )
+        record = P.encode_message(self.identity, self.swarm_id, card)
+        self.transport.put_record(
+            P.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s
+        )
+
+    def publish(self, round_: int, policy_version: int, groups: list[RolloutGroup]) -> None:
+        groups = groups[: P.MAX_GROUPS_PER_BATCH]
+        if not groups:
+            return
+        batch = P.make_rollout_batch(
+            groups,
+            peer_id=self.identity.peer_id,
+            swarm_id=self.swarm_id,
+            round=round_,
+            policy_version=policy_version,
+            model_name=self.policy.name,
+            tokenizer_fingerprint=self.policy.tokenizer_fingerprint,
+            timestamp=time.time(),
+            seq=self._next_seq(),
+        )
+        data = P.encode_message(self.identity, self.swarm_id, batch)
+        announcement = P.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
+        self.transport.offer(announcement.payload_sha256, data)
+        record = P.encode_message(self.identity, self.swarm_id, announcement)
+        self.transport.put_record(
+            P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s
+        )
+        self.counters.batches_published += 1
+        self.counters.groups_published += len(groups)
+
+    # -- collecting ------------------------------------------------------------------------------
+
+    def _live_peers(self) -> set[str]:
+        """Compatible peers in the roster (foreign or incompatible ones are ignored with one line)."""
+        live = set()
+        for peer, record in self.transport.get_records(P.roster_key(self.swarm_id)).items():
+            if peer == self.identity.peer_id:
+                continue
+            try:
+                card, _ = P.decode_message(
+                    record, swarm_id=self.swarm_id, expected_type=P.ROSTER_CARD, expected_peer_id=peer
+                )
+            except P.ProtocolError as exc:
+                if peer not in self._ignored_peers:
+                    self._ignored_peers.add(peer)
+                    log(f"ignoring peer {peer[:16]}...: roster card rejected ({exc.reason})")
+                continue
+            if card.protocol_version != P.PROTOCOL_VERSION:
+                if peer not in self._ignored_peers:
+                    self._ignored_peers.add(peer)
+                    log(f"ignoring peer {peer[:16]}...: speaks protocol v{card.protocol_version}")
+                continue
+            self.roster[peer] = card
+            # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
+            recent = time.time() - card.timestamp < self._round_ttl_s / 2
+            if recent and not self.book.is_banned(peer):
+                live.add(peer)
+        return live
+
+    def wait_for_peers(self) -> set[str]:
+        """Block until ``swarm.min_peers`` live peers are in the roster, or ``wait_for_peers_s`` passes."""
+        wanted = self.cfg.swarm.min_peers
+        deadline = time.monotonic() + self.cfg.swarm.wait_for_peers_s
+        live = self._live_peers()
+        while len(live) < wanted and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+            live = self._live_peers()
+        if len(live) < wanted:
+            log(f"starting with {len(live)} of {wanted} peers: waited {self.cfg.swarm.wait_for_peers_s:.0f}s")
+        return live
+
+    def poll(self, round_: int, deadline: float) -> None:
+        """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
+        for peer, record in self.transport.get_records(P.announce_key(self.swarm_id)).items():
+            if peer == self.identity.peer_id:
+                continue
+            announcement = self.verifier.check_announcement(record, peer)
+            if announcement is None or announcement.payload_sha256 in self._pulled:
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._pulled.add(announcement.payload_sha256)
+            try:
+                data = self.transport.fetch(
+                    peer,
+                    announcement.payload_sha256,
+                    max_bytes=min(announcement.payload_len, P.MAX_FRAME_BYTES),
+                    timeout_s=remaining,
+                )
+            except TransportError as exc:
+                self.counters.fetch_failures[exc.reason] += 1
+                continue
+            self.counters.batches_received += 1
+            groups = self.verifier.check_batch(announcement, data, peer)
+            if groups:
+                self._delivered.add(peer)
+                self.counters.groups_accepted += len(groups)
+                self._pool.extend(PooledGroup(g, round_) for g in groups)
+        del self._pool[:-MAX_POOL_GROUPS]
+
+    def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
+        """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
+        self.publish_roster(round_, policy_version)
+        self.publish(round_, policy_version, local)
+        deadline = time.monotonic() + self.cfg.swarm.share_deadline_s
+        while True:
+            live = self._live_peers()
+            self.poll(round_, deadline)
+            if not live or live <= self._delivered or time.monotonic() >= deadline:
+                break
+            time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+        self._delivered.clear()
+        chosen = self.select(self.cfg.swarm.external_per_round)
+        self.counters.groups_trained += len(chosen)
+        self.write_status(round_, policy_version)
+        return chosen
+
+    def select(self, count: int) -> list[RolloutGroup]:
+        """SAPO choice: informative groups only, freshest arrival first, uniform within a tier."""
+        candidates = [p for p in self._pool if p.group.informative]
+        self._rng.shuffle(candidates)
+        candidates.sort(key=lambda p: -p.arrived_round)  # stable: shuffled order kept within a tier
+        chosen = candidates[:count]
+        chosen_ids = {id(p) for p in chosen}
+        self._pool = [p for p in self._pool if id(p) not in chosen_ids and p.group.informative]
+        return [p.group for p in chosen]
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def status(self, round_: int, policy_version: int) -> dict:
+        now = time.time()
+        return {
+            "peer_id": self.identity.peer_id,
+            "swarm_id": self.swarm_id,
+            "addrs": self.addrs,
+            "round": round_,
+            "policy_version": policy_version,
+            "model": self.policy.name,
+            "updated": now,
+            "peers": {
+                peer: {
+                    "model": card.model_name,
+                    "policy_version": card.policy_version,
+                    "round": card.round,
+                    "seen_s_ago": round(now - card.timestamp, 1),
+                    "banned": self.book.is_banned(peer),
+                }
+                for peer, card in sorted(self.roster.items())
+            },
+            "rollouts": {
+                "batches_published": self.counters.batches_published,
+                "groups_published": self.counters.groups_published,
+                "batches_received": self.counters.batches_received,
+                "groups_accepted": self.counters.groups_accepted,
+                "groups_trained": self.counters.groups_trained,
+                "groups_pooled": len(self._pool),
+            },
+            "rejected": dict(sorted(self.verifier.rejections.items())),
+            "fetch_failures": dict(self.counters.fetch_failures),
+            "bans": [
+                {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
+                for peer, remaining, count, reason in self.book.bans()
+            ],
+        }
+
+    def write_status(self, round_: int, policy_version: int) -> None:
+        """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
+        path = self.run_dir / "status.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status(round_, policy_version), indent=1))
+        os.replace(tmp, path)

@@ -1,0 +1,253 @@
+"""Verification of what peers send: trust nothing but the completion text.
+
+Two entry points, one per channel, each cheapest check first:
+
+``check_announcement(record, subkey_peer)`` for a ``BatchAnnouncement`` read from the DHT:
+banned subkey? -> size cap, decode and signature (the subkey must be the signer) -> freshness ->
+sequence number (a record read twice is a silent duplicate; an older one is a ``replay``).
+
+``check_batch(announcement, data, stream_peer)`` for the ``RolloutBatch`` pulled from the announcer:
+banned? -> stream peer is the announcer -> payload already accepted? -> rate limit -> length, sha256,
+decode, signature and consistency with the announcement -> freshness -> per-token log-probs in range ->
+every task ref in this node's mix -> regenerate each question and score every completion with this
+node's own verifier -> claimed rewards agree with the recomputed task scores. Any failure rejects the
+whole batch. What comes out are ``RolloutGroup``s with provenance ``source="peer"``, rewards computed
+here, and the peer's token ids and log-probs unchanged (the learner uses them only when the tokenizer
+fingerprint matches its own).
+
+Claimed rewards on the wire are *task scores*: the dataset's own score, without any format bonus, so
+nodes with different ``tasks.format_reward`` settings agree on them. An honest peer (same
+reasoning-gym) never disagrees with the recomputed score, so a disagreement is a strike.
+
+Who is charged (PROTOCOL.md section 6, last note): only a peer that provably sent the offending bytes.
+DHT records can be written under any subkey by anyone, and old signed records can be written back, so
+rejected announcements are counted but charge nobody. A payload comes over the announcer's own
+authenticated stream and matches the sha256 it signed, so every rejection on that path charges the
+stream peer, except ``stale`` (clocks and our own delays) and ``internal_error`` (our fault).
+
+Nothing here raises on bad input: every path returns None or [] and counts one reason in
+``rejections`` (Prometheus label values: ``REJECT_REASONS`` from the protocol plus ``VERIFY_REASONS``).
+Not thread-safe: call a ``Verifier`` from one thread (the ``PeerBook`` itself may be shared).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+
+from swarmnode.peers import PeerBook
+from swarmnode.protocol import (
+    BATCH_ANNOUNCEMENT,
+    REJECT_REASONS,
+    BatchAnnouncement,
+    ProtocolError,
+    RolloutBatch,
+    WireTask,
+    announce_ttl_s,
+    batch_provenance,
+    check_fresh,
+    check_payload,
+    completion_from_wire,
+    decode_message,
+    payload_digest,
+    task_from_wire,
+)
+from swarmnode.rollouts import RolloutGroup, TaskRef
+from swarmnode.tasks import TaskBank, TaskError
+
+log = logging.getLogger(__name__)
+
+VERIFY_REASONS = (
+    "banned",  # the sender is banned (nothing else was looked at)
+    "rate_limited",  # the sender is over its batch or byte rate (a flood: bans)
+    "duplicate_payload",  # a payload already accepted (not the sender's fault: no strike)
+    "bad_task",  # a task ref outside this node's mix (dataset, config, seed/index range, eval seed)
+    "reward_mismatch",  # claimed rewards differ from the task scores recomputed here
+    "bad_logprobs",  # per-token log-probs positive or implausibly small
+    "internal_error",  # an unexpected exception while checking (logged; never the peer's charge)
+)
+ALL_REASONS = REJECT_REASONS + VERIFY_REASONS
+
+DEFAULT_MAX_AGE_S = announce_ttl_s(60.0)  # announcement TTL for one-minute rounds
+LOGPROB_MIN = -100.0  # a sampled token with probability below e**-100 did not come from sampling
+LOGPROB_MAX = 1e-4  # log-probs are <= 0; a hair above is float32 rounding of log(1)
+_ACCEPTED_DIGESTS = 65536  # payload sha256s remembered for dedup (2 MiB)
+# Not the sender's fault or not evidence of it: counted, never charged.
+_NOT_CHARGED = frozenset({"banned", "duplicate_payload", "stale", "internal_error"})
+
+
+class _Rejected(Exception):
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason, self.detail = reason, detail
+
+
+class Verifier:
+    """Checks peers' announcements and batches against this node's task bank and peer book."""
+
+    def __init__(
+        self,
+        bank: TaskBank,
+        swarm_id: str,
+        book: PeerBook,
+        *,
+        clock: Callable[[], float] = time.time,
+        reward_tolerance: float = 1e-3,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+    ) -> None:
+        """``clock`` is wall-clock unix time (message timestamps); ``max_age_s`` is how old an
+        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``."""
+        self.bank = bank
+        self.swarm_id = swarm_id
+        self.book = book
+        self.clock = clock
+        self.reward_tolerance = reward_tolerance
+        self.max_age_s = max_age_s
+        self.rejections: Counter[str] = Counter()
+        self.accepted_groups = 0
+        self.accepted_batches = 0
+        self._accepted: OrderedDict[bytes, None] = OrderedDict()
+        self._internal_errors_logged = False
+
+    # --- DHT records -----------------------------------------------------------------------------
+    def check_announcement(self, record: bytes, subkey_peer: str) -> BatchAnnouncement | None:
+        """The announcement in a DHT ``record`` stored under ``subkey_peer``, or None (rejected, counted;
+        or a record already seen, not counted). Never charges a peer: anyone can write any subkey."""
+        try:
+            if not isinstance(record, bytes | bytearray | memoryview):
+                raise _Rejected("malformed", f"record is {type(record).__name__}, not bytes")
+            if not isinstance(subkey_peer, str):
+                raise _Rejected("wrong_sender", f"subkey is {type(subkey_peer).__name__}, not a peer id")
+            if self.book.is_banned(subkey_peer):
+                raise _Rejected("banned")
+            msg, sender = decode_message(
+                bytes(record),
+                swarm_id=self.swarm_id,
+                expected_type=BATCH_ANNOUNCEMENT,
+                expected_peer_id=subkey_peer,
+            )
+            assert isinstance(msg, BatchAnnouncement)
+            check_fresh(msg.timestamp, self.clock(), max_age=self.max_age_s)
+            if self.book.check_sequence(sender, BATCH_ANNOUNCEMENT, msg.seq, payload_digest(record)) != "new":
+                return None
+            return msg
+        except (ProtocolError, _Rejected) as e:
+            self._count(e.reason, subkey_peer, e.detail)
+        except Exception:  # noqa: BLE001 - the network edge answers, it does not crash
+            self._internal_error(subkey_peer)
+        return None
+
+    def already_accepted(self, payload_sha256: bytes) -> bool:
+        """True if a payload with this sha256 was accepted already: no need to pull it."""
+        return bytes(payload_sha256) in self._accepted
+
+    # --- payloads --------------------------------------------------------------------------------
+    def check_batch(
+        self, announcement: BatchAnnouncement, data: bytes, stream_peer: str
+    ) -> list[RolloutGroup]:
+        """The verified, locally scored groups of the batch ``data`` that ``stream_peer`` sent for
+        ``announcement`` (from ``check_announcement``), or [] (rejected and counted)."""
+        try:
+            groups = self._verify_batch(announcement, data, stream_peer)
+        except (ProtocolError, _Rejected) as e:
+            self._count(e.reason, stream_peer, e.detail)
+            if e.reason not in _NOT_CHARGED:
+                self.book.strike(stream_peer, e.reason)
+            return []
+        except Exception:  # noqa: BLE001 - peer data must never crash the node
+            self._internal_error(stream_peer)
+            return []
+        self._remember(announcement.payload_sha256)
+        self.accepted_batches += 1
+        self.accepted_groups += len(groups)
+        self.book.reward(stream_peer, len(groups))
+        return groups
+
+    def _verify_batch(
+        self, announcement: BatchAnnouncement, data: bytes, stream_peer: str
+    ) -> list[RolloutGroup]:
+        if self.book.is_banned(stream_peer):
+            raise _Rejected("banned")
+        if stream_peer != announcement.peer_id:
+            raise _Rejected(
+                "wrong_sender", f"payload from {stream_peer}, announced by {announcement.peer_id}"
+            )
+        if self.already_accepted(announcement.payload_sha256):
+            raise _Rejected("duplicate_payload")
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise _Rejected("malformed", f"payload is {type(data).__name__}, not bytes")
+        data = bytes(data)
+        if not self.book.allow(stream_peer, len(data)):
+            raise _Rejected("rate_limited", f"{len(data)} bytes")
+        batch = check_payload(announcement, data, swarm_id=self.swarm_id)
+        check_fresh(batch.timestamp, self.clock(), max_age=self.max_age_s)
+        self._check_logprobs(batch)
+        refs = [self._check_ref(g.task) for g in batch.groups]
+        return self._score(batch, refs)
+
+    def _check_logprobs(self, batch: RolloutBatch) -> None:
+        for i, group in enumerate(batch.groups):
+            for j, completion in enumerate(group.completions):
+                if completion.logprobs and not all(
+                    LOGPROB_MIN <= x <= LOGPROB_MAX for x in completion.logprobs
+                ):  # also refuses NaN (the decoder already does)
+                    raise _Rejected("bad_logprobs", f"groups[{i}].completions[{j}]")
+
+    def _check_ref(self, task: WireTask) -> TaskRef:
+        try:
+            ref = task_from_wire(task)
+            self.bank.check_ref(ref)
+        except (TaskError, ValueError, TypeError) as e:
+            raise _Rejected("bad_task", str(e)[:200]) from None
+        if ref.seed == self.bank.tasks.eval_seed:  # training on held-out questions would spoil eval
+            raise _Rejected("bad_task", "ref.seed is this node's eval seed")
+        return ref
+
+    def _score(self, batch: RolloutBatch, refs: list[TaskRef]) -> list[RolloutGroup]:
+        provenance = batch_provenance(batch)
+        groups = []
+        for i, (wire, ref) in enumerate(zip(batch.groups, refs, strict=True)):
+            question = self.bank.question(ref)
+            completions = [completion_from_wire(c) for c in wire.completions]
+            group = self.bank.score_group(question, completions, provenance)
+            for j, (claimed, score) in enumerate(zip(wire.claimed_rewards, group.task_scores, strict=True)):
+                if not abs(claimed - score) <= self.reward_tolerance:
+                    raise _Rejected(
+                        "reward_mismatch", f"groups[{i}].claimed_rewards[{j}] = {claimed}, recomputed {score}"
+                    )
+            groups.append(group)
+        return groups
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+    def _count(self, reason: str, peer: object, detail: str = "") -> None:
+        self.rejections[reason] += 1
+        log.debug("rejected data from %s: %s%s", peer, reason, f" ({detail})" if detail else "")
+
+    def _internal_error(self, peer: object) -> None:
+        self.rejections["internal_error"] += 1
+        if not self._internal_errors_logged:
+            self._internal_errors_logged = True
+            log.warning(
+                "internal error while verifying data from %s; dropped it (further ones are logged at "
+                "debug level)",
+                peer,
+                exc_info=True,
+            )
+        else:
+            log.debug("internal error while verifying data from %s", peer, exc_info=True)
+
+    def _remember(self, digest: bytes) -> None:
+        self._accepted[bytes(digest)] = None
+        while len(self._accepted) > _ACCEPTED_DIGESTS:
+            self._accepted.popitem(last=False)
+
+    def snapshot(self) -> dict:
+        """Counters for status and metrics."""
+        return {
+            "accepted_batches": self.accepted_batches,
+            "accepted_groups": self.accepted_groups,
+            "rejections": dict(self.rejections),
+            "rejected_total": sum(self.rejections.values()),
+        }
