@@ -1,0 +1,473 @@
+"""Transport against real hivemind nodes on 127.0.0.1: records, payload pulls, hostile peers, kill -9.
+
+One swarm per module: A is the bootstrap node, B and C join through A's multiaddrs. C also answers one
+magic digest with a header claiming 4 GiB (a hostile server). The kill test runs its server in a
+subprocess (``_serve_slowly.py``) and ends only that process group, which the test started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from swarmnode.config import SwarmConfig
+from swarmnode.identity import Identity
+from swarmnode.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
+from swarmnode.transport import Transport, TransportError
+
+HERE = Path(__file__).resolve().parent
+HUGE_DIGEST = b"\xee" * 32
+SLOW_DIGEST = b"\x51" * 32  # must match _serve_slowly.py
+
+
+class HostileTransport(Transport):
+    """Answers HUGE_DIGEST with a header claiming 4 GiB (then a little data); normal otherwise."""
+
+    async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
+        if digest != HUGE_DIGEST:
+            return await super()._send_payload(writer, digest)
+        writer.write(b"\xff\xff\xff\xff" + b"x" * 4096)
+        await writer.drain()
+        await asyncio.sleep(5)
+
+
+def _identity(directory: Path, name: str) -> tuple[Path, Identity]:
+    identity = Identity.generate()
+    path = directory / f"{name}.key"
+    identity.save(path)
+    return path, identity
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("keys")
+    nodes: list[Transport] = []
+    try:
+        a_path, a_id = _identity(directory, "a")
+        a = Transport(a_path, SwarmConfig())
+        nodes.append(a)
+        started = time.monotonic()
+        a_addrs = a.start()
+        a_start_s = time.monotonic() - started
+
+        joined = SwarmConfig(initial_peers=a_addrs)
+        b_path, b_id = _identity(directory, "b")
+        b = Transport(b_path, joined)
+        nodes.append(b)
+        started = time.monotonic()
+        b_addrs = b.start()
+        b_start_s = time.monotonic() - started
+
+        c_path, c_id = _identity(directory, "c")
+        c = HostileTransport(c_path, joined, payload_capacity=2)
+        nodes.append(c)
+        c_addrs = c.start()
+        yield SimpleNamespace(
+            a=a, b=b, c=c, a_id=a_id, b_id=b_id, c_id=c_id,
+            addrs={"a": a_addrs, "b": b_addrs, "c": c_addrs},
+            start_s={"bootstrap": a_start_s, "join": b_start_s},
+            directory=directory,
+        )  # fmt: skip
+    finally:
+        for node in reversed(nodes):
+            node.shutdown()
+
+
+def _poll(fn, ok, timeout_s: float = 5.0, period_s: float = 0.2):
+    """Call ``fn`` until ``ok(result)`` or the deadline; returns the last result."""
+    deadline = time.monotonic() + timeout_s
+    result = fn()
+    while not ok(result) and time.monotonic() < deadline:
+        time.sleep(period_s)
+        result = fn()
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# start-up
+# ----------------------------------------------------------------------------------------------
+
+
+def test_start_returns_multiaddrs_with_our_ed25519_peer_id(swarm):
+    for name, identity in (("a", swarm.a_id), ("b", swarm.b_id), ("c", swarm.c_id)):
+        addrs = swarm.addrs[name]
+        assert addrs, name
+        for addr in addrs:
+            assert addr.startswith("/ip4/127.0.0.1/tcp/") and addr.endswith(f"/p2p/{identity.peer_id}"), addr
+    assert swarm.a.peer_id == swarm.a_id.peer_id
+    assert swarm.start_s["bootstrap"] < 15 and swarm.start_s["join"] < 15, swarm.start_s
+    assert _poll(swarm.a.connected_peer_count, lambda n: n >= 2) >= 2
+
+
+def test_initial_peer_that_does_not_answer_names_the_address(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = f"/ip4/127.0.0.1/tcp/{port}/p2p/{Identity.generate().peer_id}"
+    path, _ = _identity(tmp_path, "lonely")
+    transport = Transport(path, SwarmConfig(initial_peers=[dead]))
+    started = time.monotonic()
+    try:
+        with pytest.raises(TransportError) as info:
+            transport.start()
+    finally:
+        transport.shutdown()
+    assert time.monotonic() - started < 20
+    assert info.value.reason == "unreachable"
+    assert dead in str(info.value) and "Check" in str(info.value)
+
+
+def test_missing_or_non_ed25519_identity_is_refused_before_starting(tmp_path):
+    # hivemind would silently create an RSA key at a missing path: the node's peer id would change
+    missing = tmp_path / "missing.key"
+    with pytest.raises(TransportError) as info:
+        Transport(missing, SwarmConfig()).start()
+    assert info.value.reason == "bad_identity" and "keygen" in str(info.value)
+    assert not missing.exists()
+    rsa_like = tmp_path / "rsa.key"
+    rsa_like.write_bytes(bytes([0x08, 0x00, 0x12, 0x05]) + b"12345")
+    with pytest.raises(TransportError) as info:
+        Transport(rsa_like, SwarmConfig()).start()
+    assert info.value.reason == "bad_identity" and "RSA" in str(info.value)
+
+
+def test_malformed_initial_peer_is_an_actionable_error(tmp_path):
+    path, _ = _identity(tmp_path, "x")
+    with pytest.raises(TransportError) as info:
+        Transport(path, SwarmConfig(initial_peers=["/ip4/127.0.0.1/tcp/1234"])).start()
+    assert info.value.reason == "bad_address" and "/p2p/" in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# DHT records
+# ----------------------------------------------------------------------------------------------
+
+
+def test_records_from_two_peers_are_visible_to_a_third(swarm):
+    key = "swarmnode/test/records"
+    assert swarm.a.put_record(key, swarm.a.peer_id, b"from a", ttl_s=60)
+    assert swarm.b.put_record(key, swarm.b.peer_id, b"from b", ttl_s=60)
+    expected = {swarm.a.peer_id: b"from a", swarm.b.peer_id: b"from b"}
+    assert _poll(lambda: swarm.c.get_records(key), lambda r: r == expected) == expected
+    assert swarm.a.get_records(key) == expected
+    assert swarm.b.get_records("swarmnode/test/never-written", timeout_s=3) == {}
+
+
+def test_oversize_record_is_refused_and_the_dht_keeps_working(swarm):
+    key = "swarmnode/test/oversize"
+    for size in (MAX_RECORD_BYTES + 1, 100_000):  # 100 KB would kill hivemind's DHT worker
+        with pytest.raises(TransportError) as info:
+            swarm.a.put_record(key, swarm.a.peer_id, b"x" * size, ttl_s=60)
+        assert info.value.reason == "oversize"
+    assert swarm.a.put_record(key, swarm.a.peer_id, b"y" * MAX_RECORD_BYTES, ttl_s=60)
+    expected = {swarm.a.peer_id: b"y" * MAX_RECORD_BYTES}
+    assert _poll(lambda: swarm.b.get_records(key), lambda r: r == expected) == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# payload pulls
+# ----------------------------------------------------------------------------------------------
+
+
+def test_fetch_one_mib_byte_exact(swarm, record_property):
+    data = os.urandom(1024 * 1024)
+    digest = hashlib.sha256(data).digest()
+    swarm.a.offer(digest, data)
+    started = time.monotonic()
+    got = swarm.b.fetch(swarm.a.peer_id, digest)
+    elapsed = time.monotonic() - started
+    assert got == data
+    record_property("fetch_1mib_s", round(elapsed, 4))
+    # between two nodes that joined through A (no bootstrap link between them)
+    swarm.b.offer(digest, data)
+    assert swarm.c.fetch(swarm.b.peer_id, digest) == data
+    assert swarm.b.stats["fetch_ok"] >= 1 and swarm.a.stats["served"] >= 1
+
+
+def test_unknown_digest_is_not_found(swarm):
+    with pytest.raises(TransportError) as info:
+        swarm.b.fetch(swarm.a.peer_id, b"\x00" * 32, timeout_s=5)
+    assert info.value.reason == "not_found"
+    assert swarm.b.stats["fetch_failed_not_found"] >= 1
+
+
+def test_payload_over_max_bytes_is_refused_before_its_body(swarm):
+    data = os.urandom(4 * 1024 * 1024)
+    digest = hashlib.sha256(data).digest()
+    swarm.a.offer(digest, data)
+    started = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        swarm.b.fetch(swarm.a.peer_id, digest, max_bytes=1024, timeout_s=10)
+    assert info.value.reason == "oversize"
+    assert time.monotonic() - started < 1.0  # did not pull 4 MiB first
+    assert swarm.b.fetch(swarm.a.peer_id, digest) == data  # and the server is fine
+
+
+def test_header_claiming_4_gib_is_rejected(swarm):
+    started = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        swarm.b.fetch(swarm.c.peer_id, HUGE_DIGEST, timeout_s=10)
+    assert info.value.reason == "oversize" and "4294967295" in str(info.value)
+    assert time.monotonic() - started < 2.0  # no waiting for a body that never comes
+
+
+def test_offer_keeps_only_the_newest_payloads(swarm):
+    c = swarm.c  # payload_capacity=2
+    blobs = [bytes([i]) * 1000 for i in range(3)]
+    digests = [hashlib.sha256(b).digest() for b in blobs]
+    for digest, blob in zip(digests, blobs, strict=True):
+        c.offer(digest, blob)
+    with pytest.raises(TransportError) as info:
+        swarm.a.fetch(c.peer_id, digests[0], timeout_s=5)
+    assert info.value.reason == "not_found"
+    assert swarm.a.fetch(c.peer_id, digests[2], timeout_s=5) == blobs[2]
+
+
+# ----------------------------------------------------------------------------------------------
+# hostile clients, bans
+# ----------------------------------------------------------------------------------------------
+
+
+def _raw_streams(client: Transport, server_peer_id: str, payloads: list[bytes | None]) -> list[bytes]:
+    """Open one raw stream per item from ``client`` to the server's payload handler; write the item
+    (None = write nothing), close our side, and return what the server sent back (within 3 s)."""
+    from hivemind.p2p import PeerID
+
+    async def one(payload: bytes | None) -> bytes:
+        _, reader, writer = await client._p2p.call_binary_stream_handler(
+            PeerID.from_base58(server_peer_id), PAYLOAD_STREAM
+        )
+        try:
+            if payload is not None:
+                writer.write(payload)
+                await writer.drain()
+            writer.write_eof()
+            return await asyncio.wait_for(reader.read(1 << 20), 3.0)
+        except (TimeoutError, ConnectionError):
+            return b""
+        finally:
+            writer.close()
+
+    async def all_of() -> list[bytes]:
+        return list(await asyncio.gather(*(one(p) for p in payloads)))
+
+    return client._call(all_of(), 15.0)
+
+
+def test_garbage_and_early_closes_do_not_break_the_server(swarm):
+    a, b = swarm.a, swarm.b
+    data = os.urandom(256 * 1024)
+    digest = hashlib.sha256(data).digest()
+    a.offer(digest, data)
+    before = dict(a.stats)
+    answers = _raw_streams(b, a.peer_id, [b"garbage", None, b"\x00"])  # short requests, then EOF
+    assert answers == [b"", b"", b""]
+    # the puller sees the stream end before A's handler has counted it
+    enough = before["bad_request"] + 3
+    assert _poll(lambda: a.stats["bad_request"], lambda n: n >= enough) >= enough
+    _raw_streams(b, a.peer_id, [os.urandom(32) + b"trailing junk" * 100])  # a digest we do not have
+
+    from hivemind.p2p import PeerID
+
+    async def ask_then_hang_up() -> None:  # send a real digest, leave before the answer
+        _, _reader, writer = await b._p2p.call_binary_stream_handler(
+            PeerID.from_base58(a.peer_id), PAYLOAD_STREAM
+        )
+        writer.write(digest)
+        await writer.drain()
+        writer.close()
+
+    for _ in range(3):
+        b._call(ask_then_hang_up(), 5.0)
+    time.sleep(0.3)
+    assert a.fetch(a.peer_id, digest) == data  # (local path) store intact
+    assert b.fetch(a.peer_id, digest, timeout_s=5) == data
+    assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
+
+
+def test_per_peer_stream_cap(swarm):
+    """B holds 4 half-sent requests open: A closes B's 5th stream at once, C is still served."""
+    from hivemind.p2p import PeerID
+
+    a, b = swarm.a, swarm.b
+    data = b"z" * 1000
+    digest = hashlib.sha256(data).digest()
+    a.offer(digest, data)
+    refused_before = a.stats["refused"]
+
+    async def scenario() -> tuple[bytes, float]:
+        held = []
+        try:
+            for _ in range(a.max_streams_per_peer):
+                _, reader, writer = await b._p2p.call_binary_stream_handler(
+                    PeerID.from_base58(a.peer_id), PAYLOAD_STREAM
+                )
+                writer.write(b"\x01")  # 1 of 32 bytes: A's handler waits for the rest
+                await writer.drain()
+                held.append(writer)
+            await asyncio.sleep(0.5)
+            _, reader, writer = await b._p2p.call_binary_stream_handler(
+                PeerID.from_base58(a.peer_id), PAYLOAD_STREAM
+            )
+            held.append(writer)
+            started = time.monotonic()
+            try:  # A may have closed it before our request is even written
+                writer.write(digest)
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.read(100), 4.0)
+            except ConnectionError:
+                answer = b""
+            return answer, time.monotonic() - started
+        finally:
+            for w in held:
+                w.close()
+
+    answer, elapsed = b._call(scenario(), 20.0)
+    assert answer == b"" and elapsed < 2.0
+    assert _poll(lambda: a.stats["refused"], lambda n: n > refused_before) == refused_before + 1
+    assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
+    assert _poll(lambda: _try_fetch(b, a.peer_id, digest), lambda r: r == data, timeout_s=8) == data
+
+
+def _try_fetch(t: Transport, peer: str, digest: bytes) -> bytes | None:
+    try:
+        return t.fetch(peer, digest, timeout_s=3)
+    except TransportError:
+        return None
+
+
+def test_banned_peer_gets_a_closed_stream_and_cannot_be_fetched_from(swarm):
+    a, b = swarm.a, swarm.b
+    data = b"q" * 5000
+    digest = hashlib.sha256(data).digest()
+    a.offer(digest, data)
+    refused = a.stats["refused"]
+    a.set_peer_filter(lambda peer: peer != b.peer_id)
+    try:
+        with pytest.raises(TransportError) as info:
+            b.fetch(a.peer_id, digest, timeout_s=5)
+        assert info.value.reason == "closed"
+        assert a.stats["refused"] == refused + 1
+        assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
+    finally:
+        a.set_peer_filter(lambda peer: True)
+    b.set_peer_filter(lambda peer: peer != a.peer_id)  # the filter guards our own pulls too
+    try:
+        with pytest.raises(TransportError) as info:
+            b.fetch(a.peer_id, digest)
+        assert info.value.reason == "banned"
+    finally:
+        b.set_peer_filter(lambda peer: True)
+    assert b.fetch(a.peer_id, digest, timeout_s=5) == data
+
+
+def test_fetch_from_unknown_or_invalid_peer_fails_cleanly(swarm):
+    with pytest.raises(TransportError) as info:
+        swarm.b.fetch("not-a-peer-id", b"\x00" * 32)
+    assert info.value.reason == "bad_peer"
+    started = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        swarm.b.fetch(Identity.generate().peer_id, b"\x00" * 32, timeout_s=3)
+    assert info.value.reason in ("unreachable", "timeout")
+    assert time.monotonic() - started < 6
+
+
+# ----------------------------------------------------------------------------------------------
+# a peer killed with SIGKILL mid-transfer
+# ----------------------------------------------------------------------------------------------
+
+
+def _line_reader(stream) -> queue.Queue:
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _wait_for_line(lines: queue.Queue, prefix: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"the slow server did not print {prefix!r} within {timeout_s} s")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_peer_killed_mid_transfer(swarm, tmp_path):
+    path, identity = _identity(tmp_path, "slow")
+    log = open(tmp_path / "slow_server.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "_serve_slowly.py"), str(path), swarm.addrs["a"][0]],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,  # its own process group: the node, its DHT process and p2pd
+    )
+    pgid = proc.pid
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        lines = _line_reader(proc.stdout)
+        ready = json.loads(_wait_for_line(lines, "READY ", 30.0).split(" ", 1)[1])
+        assert ready["peer_id"] == identity.peer_id
+
+        pulling = pool.submit(swarm.b.fetch, identity.peer_id, SLOW_DIGEST, timeout_s=20.0)
+        _wait_for_line(lines, "STREAMING", 10.0)
+        assert not pulling.done()
+        os.kill(proc.pid, signal.SIGKILL)  # the node process itself, by its pid
+        killed = time.monotonic()
+        with pytest.raises(TransportError) as info:
+            pulling.result(timeout=25.0)
+        assert info.value.reason == "closed"  # the daemon ends the stream when the handler's process dies
+        assert time.monotonic() - killed < 5.0
+        proc.wait(timeout=5)
+
+        # the fetching node is unharmed
+        data = os.urandom(64 * 1024)
+        digest = hashlib.sha256(data).digest()
+        swarm.a.offer(digest, data)
+        assert swarm.b.fetch(swarm.a.peer_id, digest, timeout_s=5) == data
+
+        # the killed node's DHT process and p2pd notice and exit instead of lingering with its peer id
+        assert not _poll(lambda: _group_alive(pgid), lambda alive: not alive, timeout_s=10.0)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)  # only the group this test started
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        log.close()
