@@ -109,7 +109,9 @@ def validate(path: Path) -> CheckpointInfo:
             raise ValueError(f"{name} missing")
         if _sha256(path / name) != expected:
             raise ValueError(f"{name} does not match its checksum (corrupt or truncated)")
-    return CheckpointInfo(path, int(manifest["round"]), int(manifest["policy_version"]), str(manifest["digest"]))
+    return CheckpointInfo(
+        path, int(manifest["round"]), int(manifest["policy_version"]), str(manifest["digest"])
+    )
 
 
 def newest_valid(root: Path, log=lambda msg: print(msg, file=sys.stderr)) -> CheckpointInfo | None:

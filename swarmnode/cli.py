@@ -33,12 +33,28 @@ RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="Total rounds to
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (run.run_dir).")]
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Exception types that mean 'the user can fix this'; imported lazily to keep --help light."""
-    from swarmnode.policy import PolicyError
-    from swarmnode.tasks import TaskError
+# (module, exception) pairs whose exceptions mean "the user can fix this", besides ConfigError.
+_USER_ERRORS = (
+    ("swarmnode.policy", "PolicyError"),
+    ("swarmnode.tasks", "TaskError"),
+    ("swarmnode.status", "StatusError"),
+    ("swarmnode.transport", "TransportError"),
+)
 
-    return (ConfigError, TaskError, PolicyError, FileExistsError)
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Exception types that mean 'the user can fix this'.
+
+    Only modules already imported are consulted: no exception of a module's type can exist before the
+    module is imported, and importing them here (torch, transformers, hivemind) made every config error
+    take seconds.
+    """
+    errors: list[type[Exception]] = [ConfigError, FileExistsError]
+    for module, name in _USER_ERRORS:
+        error = getattr(sys.modules.get(module), name, None)
+        if error is not None:
+            errors.append(error)
+    return tuple(errors)
 
 
 @contextmanager
@@ -76,6 +92,60 @@ def solo(config: ConfigOpt = None, set_: SetOpt = None, rounds: RoundsOpt = None
 
 
 @app.command()
+def join(
+    peers: Annotated[
+        list[str] | None, typer.Option("--peers", help="Multiaddr of a swarm member (repeatable).")
+    ] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    run_dir: RunDirOpt = None,
+):
+    """Join a swarm: train locally and share verified rollouts with peers (SAPO)."""
+    with _boundary():
+        overrides = {
+            "run.rounds": rounds,
+            "run.run_dir": run_dir and str(run_dir),
+            "swarm.initial_peers": peers,
+        }
+        cfg = _config(config, set_, **overrides)
+        from swarmnode.node import Node
+        from swarmnode.swarm import Swarm
+
+        node = Node(cfg)
+        swarm = Swarm(
+            cfg,
+            identity=node.identity,
+            bank=node.bank,
+            policy=node.policy,
+            identity_path=node.identity_path,
+            run_dir=node.run_dir,
+        )
+        try:
+            addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
+            typer.echo(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}", err=True)
+            typer.echo("others can join through this node with:", err=True)
+            for addr in addrs:
+                typer.echo(f"  swarmnode join --peers {addr}", err=True)
+            swarm.wait_for_peers()
+            node.run(
+                exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local)
+            )
+        finally:
+            swarm.shutdown()
+
+
+@app.command()
+def status(run_dir: RunDirOpt = None, config: ConfigOpt = None, set_: SetOpt = None):
+    """Show a node's peers, rounds, rollouts sent/received/accepted/rejected by reason, and bans."""
+    with _boundary():
+        cfg = _config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        from swarmnode.status import format_status, read_status
+
+        typer.echo(format_status(read_status(Path(cfg.run.run_dir))))
+
+
+@app.command()
 def keygen(
     out: Annotated[Path, typer.Option("--out", "-o", help="Key file to write.")] = Path("identity.key"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing key file.")] = False,
@@ -95,7 +165,8 @@ def evaluate(
     set_: SetOpt = None,
     run_dir: RunDirOpt = None,
     checkpoint: Annotated[
-        Path | None, typer.Option("--checkpoint", help="Checkpoint folder (default: newest valid in run dir).")
+        Path | None,
+        typer.Option("--checkpoint", help="Checkpoint folder (default: newest valid in run dir)."),
     ] = None,
     per_task: Annotated[int, typer.Option("--per-task", help="Held-out questions per task.")] = 20,
 ):

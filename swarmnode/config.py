@@ -197,7 +197,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         return key.strip(), yaml.safe_load(raw)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_problem(exc)})") from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's message on one line: the problem and where it is."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{getattr(exc, 'problem', None) or exc}{where}"
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -226,10 +233,7 @@ def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None
         except FileNotFoundError:
             raise ConfigError(f"{path}: config file not found") from None
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+            raise ConfigError(f"{path}: malformed YAML: {_yaml_problem(exc)}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):

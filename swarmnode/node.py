@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from swarmnode import checkpoint
-from swarmnode.config import NodeConfig
+from swarmnode.config import ConfigError, NodeConfig
 from swarmnode.identity import load_or_create
 from swarmnode.policy import load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
@@ -37,11 +37,19 @@ class Node:
         self.checkpoints = self.run_dir / "checkpoints"
         self.runlog = RunLog(self.run_dir)
         self.completed_rounds = 0
+        has_run = self.runlog.records() or any(self.checkpoints.glob(f"{checkpoint.PREFIX}*"))
+        if not cfg.run.resume and has_run:
+            # Starting over here would mix two runs: the old, higher-numbered checkpoints would outlive
+            # the new ones at pruning and a later resume would pick them up.
+            raise ConfigError(
+                f"run.resume is false but {self.run_dir} already holds a run (metrics or checkpoints); "
+                "choose a new run.run_dir, delete the old run, or resume it"
+            )
 
-        identity_path = cfg.run.identity_path or self.run_dir / "identity.key"
-        self.identity, created = load_or_create(identity_path)
+        self.identity_path = cfg.run.identity_path or self.run_dir / "identity.key"
+        self.identity, created = load_or_create(self.identity_path)
         if created:
-            log(f"created node identity {identity_path} (peer id {self.identity.peer_id})")
+            log(f"created node identity {self.identity_path} (peer id {self.identity.peer_id})")
         # Validates the task mix before the slow model load; peers draw different question streams.
         stream_seed = int.from_bytes(hashlib.sha256(self.identity.peer_id.encode()).digest()[:8], "big")
         self.bank = TaskBank(cfg.tasks, default_seed=stream_seed)
@@ -69,6 +77,10 @@ class Node:
     def _resume(self) -> None:
         info = checkpoint.newest_valid(self.checkpoints, log=log)
         if info is None:
+            # Rounds logged before the first checkpoint are lost work: they run again from the start.
+            dropped = self.runlog.truncate_after(0)
+            if dropped:
+                log(f"no valid checkpoint: rounds {dropped[0]}-{dropped[-1]} will run again")
             return
         checkpoint.restore(info, self.policy.model, self.trainer.optimizer)
         self.trainer.policy_version = info.policy_version
@@ -77,6 +89,16 @@ class Node:
         log(f"resumed from {info.path} at round {info.round} (state digest {digest})")
         if digest != info.digest:
             raise RuntimeError(f"checkpoint {info.path} restored to a different state than it saved")
+        # load_state_dict brought back the saved hyperparameters; the config decides them (an lr
+        # changed with --set on resume must take effect).
+        train = self.cfg.train
+        wanted = {"lr": train.lr, "betas": tuple(train.betas), "weight_decay": train.weight_decay}
+        for group in self.trainer.optimizer.param_groups:
+            for key, value in wanted.items():
+                saved = tuple(group[key]) if key == "betas" else group[key]
+                if saved != value:
+                    log(f"train.{key}: {saved} in the checkpoint, {value} from the config")
+                    group[key] = value
         dropped = self.runlog.truncate_after(info.round)
         if dropped:
             log(f"rounds {dropped[0]}-{dropped[-1]} ran after that checkpoint and will run again")
@@ -106,7 +128,14 @@ class Node:
         )
         target = self.cfg.run.rounds
         every = self.cfg.run.checkpoint_every
-        bar = tqdm(total=target, initial=self.completed_rounds, unit="round", file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=target,
+            initial=self.completed_rounds,
+            unit="round",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=None,  # no bar when stderr is not a terminal: log files get clean per-round lines
+        )
         try:
             while target is None or self.completed_rounds < target:
                 round_ = self.completed_rounds + 1

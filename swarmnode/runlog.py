@@ -35,7 +35,10 @@ class RunLog:
         records = self.records()
         kept = [r for r in records if r["round"] <= round_]
         dropped = [r["round"] for r in records if r["round"] > round_]
-        if dropped or len(records) != len(self.path.read_text().splitlines() if self.path.exists() else []):
+        text = self.path.read_text() if self.path.exists() else ""
+        # Also rewrite when a line is cut or the last newline is missing: the next append would
+        # otherwise land on the same line as the last record.
+        if dropped or len(records) != len(text.splitlines()) or (text and not text.endswith("\n")):
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, self.path)

@@ -246,10 +246,12 @@ class Swarm:
             "round": round_,
             "policy_version": policy_version,
             "model": self.policy.name,
+            "tokenizer": self.policy.tokenizer_fingerprint,
             "updated": now,
             "peers": {
                 peer: {
                     "model": card.model_name,
+                    "tokenizer": card.tokenizer_fingerprint,
                     "policy_version": card.policy_version,
                     "round": card.round,
                     "seen_s_ago": round(now - card.timestamp, 1),

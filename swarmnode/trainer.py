@@ -41,9 +41,7 @@ class Trainer:
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
         self.device = next(model.parameters()).device
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         self.policy_version = 0
 
     def step(self, sequences: Sequence[TrainSequence]) -> StepStats:
@@ -51,7 +49,9 @@ class Trainer:
         if not sequences:
             return StepStats()
         start = time.perf_counter()
-        batches = [pad_batch(mb, self.pad_id, self.device) for mb in microbatches(sequences, self.cfg.token_budget)]
+        batches = [
+            pad_batch(mb, self.pad_id, self.device) for mb in microbatches(sequences, self.cfg.token_budget)
+        ]
         total_tokens = int(sum(b.completion_mask.sum().item() for b in batches))
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None

@@ -1,0 +1,62 @@
+"""Three real nodes on 127.0.0.1, two model families with different tokenizers, sharing rollouts."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.swarm_procs import start_node
+
+DEADLINE_S = 8.0
+SLACK_S = 2.0  # one DHT poll may still be in flight when the deadline passes
+
+
+def _args(family: str, swarm_id: str) -> list[str]:
+    return [
+        "--config", "node_configs/tiny.yaml",
+        "--rounds", "3",
+        "--set", f"model.tiny.family={family}",
+        "--set", f"swarm.swarm_id={swarm_id}",
+        "--set", "swarm.min_peers=2",
+        "--set", f"swarm.share_deadline_s={DEADLINE_S}",
+        "--set", "swarm.wait_for_peers_s=90",
+        "--set", "swarm.external_per_round=4",
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def nodes():
+    started = []
+    yield started
+    for node in started:
+        node.stop()
+
+
+def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes):
+    a = start_node(tmp_path / "a", *_args("llama", "it-three"))
+    nodes.append(a)
+    bootstrap = a.address()
+    assert bootstrap.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/12D3KooW" in bootstrap
+    nodes.append(start_node(tmp_path / "b", *_args("qwen2", "it-three"), peers=[bootstrap]))
+    nodes.append(start_node(tmp_path / "c", *_args("llama", "it-three"), peers=[bootstrap]))
+
+    for node in nodes:
+        assert node.wait(timeout_s=240) == 0, node.output()
+
+    peer_ids = set()
+    for node in nodes:
+        records = node.metrics()
+        assert [r["round"] for r in records] == [1, 2, 3], node.output()
+        # every node trained on at least one peer group
+        assert sum(r["groups_external"] for r in records) >= 1, node.output()
+        # no round waited for peers past its deadline
+        assert max(r["seconds_share"] for r in records) <= DEADLINE_S + SLACK_S
+        status = node.status()
+        # every peer batch that arrived passed verification; nothing was rejected among honest nodes
+        assert status["rejected"] == {}, status
+        assert status["rollouts"]["groups_accepted"] >= status["rollouts"]["groups_trained"] >= 1
+        assert len(status["peers"]) == 2
+        peer_ids.add(status["peer_id"])
+    assert len(peer_ids) == 3
+    # the swarm really is heterogeneous: node a's peers include one on another tokenizer
+    a_status = a.status()
+    assert {p["tokenizer"] for p in a_status["peers"].values()} - {a_status["tokenizer"]}
