@@ -135,8 +135,9 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int, device: torch.dev
     )
 
 
-def completion_logprobs(model, batch: PaddedBatch) -> torch.Tensor:
-    """Log-prob of each completion token under ``model``: [B, C] (garbage where the mask is 0).
+def completion_logprobs(model, batch: PaddedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each completion token under ``model`` at the sampling temperature: [B, C] (garbage
+    where the mask is 0). Same temperature as the sampler, so ratios to behaviour log-probs are exact.
 
     Only the last C+1 positions' logits are computed (``logits_to_keep``), which matters with a
     49k-token vocabulary.
@@ -149,6 +150,6 @@ def completion_logprobs(model, batch: PaddedBatch) -> torch.Tensor:
         logits_to_keep=width + 1,
         use_cache=False,
     )
-    logits = out.logits[:, :-1, :].float()  # predicts the last C tokens
+    logits = out.logits[:, :-1, :].float() / temperature  # predicts the last C tokens
     targets = batch.input_ids[:, -width:]
     return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

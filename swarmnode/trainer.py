@@ -34,8 +34,17 @@ class StepStats:
 
 
 class Trainer:
-    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: TrainConfig, ref_model=None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        cfg: TrainConfig,
+        *,
+        temperature: float = 1.0,
+        ref_model=None,
+    ):
         self.model = model
+        self.temperature = temperature
         self.pad_id = pad_id
         self.cfg = cfg
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
@@ -62,7 +71,7 @@ class Trainer:
             loss_sum = kl_sum = 0.0
             low = high = 0
             for i, batch in enumerate(batches):
-                logp = completion_logprobs(self.model, batch)
+                logp = completion_logprobs(self.model, batch, self.temperature)
                 old = old_logps[i] if old_logps is not None else logp.detach()
                 terms = policy_loss(
                     logp,
@@ -95,11 +104,10 @@ class Trainer:
         stats.tokens_per_s = total_tokens * self.cfg.updates_per_round / max(stats.seconds, 1e-9)
         return stats
 
-    @staticmethod
     @torch.no_grad()
-    def _frozen_logprobs(model, batches) -> list[torch.Tensor]:
+    def _frozen_logprobs(self, model, batches) -> list[torch.Tensor]:
         was_training = model.training
         model.eval()
-        out = [completion_logprobs(model, b) for b in batches]
+        out = [completion_logprobs(model, b, self.temperature) for b in batches]
         model.train(was_training)
         return out

@@ -1,0 +1,45 @@
+"""The sampler's behaviour log-probs are the learner's log-probs of the same tokens (on-policy ratio 1)."""
+
+import pytest
+import torch
+
+from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch
+from swarmnode.config import ModelConfig, TinyModelConfig
+from swarmnode.policy import load_policy
+from swarmnode.sampler.hf import HFSampler
+
+
+@pytest.mark.parametrize(("family", "temperature"), [("llama", 1.0), ("qwen2", 0.7)])
+def test_behaviour_logprobs_match_learner(family, temperature):
+    policy = load_policy(ModelConfig(name="tiny", tiny=TinyModelConfig(family=family)))
+    sampler = HFSampler(policy.model, policy.tokenizer)
+    prompts = [encode_prompt(policy.tokenizer, q) for q in ("What is 2 + 3?", "Is p or not p true?")]
+    groups = sampler.sample(prompts, 3, max_new_tokens=12, temperature=temperature, seed=7)
+    assert [len(g) for g in groups] == [3, 3]
+    sequences = []
+    for prompt, group in zip(prompts, groups, strict=True):
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) >= 1
+            assert c.finished == (c.token_ids[-1] == policy.tokenizer.eos_token_id)
+            assert c.text == policy.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            sequences.append(TrainSequence(tuple(prompt), c.token_ids, 0.0, c.logprobs, None))
+    batch = pad_batch(sequences, policy.tokenizer.pad_token_id, policy.device)
+    with torch.no_grad():
+        learner = completion_logprobs(policy.model, batch, temperature)
+    mask = batch.completion_mask
+    assert torch.allclose(learner[mask], batch.behaviour_logp[mask], atol=1e-4)
+    # and a different temperature would not match: the check is sensitive
+    with torch.no_grad():
+        other = completion_logprobs(policy.model, batch, temperature * 2)
+    assert not torch.allclose(other[mask], batch.behaviour_logp[mask], atol=1e-2)
+
+
+def test_same_seed_same_samples():
+    policy = load_policy(ModelConfig(name="tiny"))
+    sampler = HFSampler(policy.model, policy.tokenizer)
+    prompt = [encode_prompt(policy.tokenizer, "What is 1 + 1?")]
+    first = sampler.sample(prompt, 4, max_new_tokens=8, temperature=1.0, seed=3)
+    again = sampler.sample(prompt, 4, max_new_tokens=8, temperature=1.0, seed=3)
+    other = sampler.sample(prompt, 4, max_new_tokens=8, temperature=1.0, seed=4)
+    assert first == again
+    assert first != other
