@@ -6,7 +6,9 @@ The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` h
 from __future__ import annotations
 
 import copy
+import fcntl
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,11 +31,34 @@ def log(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
+def _lock_run_dir(run_dir: Path):
+    """One node per run folder: two would share an identity (one peer id) and overwrite checkpoints.
+
+    The lock is an flock held for the life of the process, so a crashed node never leaves it behind.
+    """
+    handle = (run_dir / ".lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(
+            f"run.run_dir {run_dir} is in use by a running node ({owner}); give each node its own --run-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
+
+
 class Node:
     def __init__(self, cfg: NodeConfig):
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_run_dir(self.run_dir)
         self.checkpoints = self.run_dir / "checkpoints"
         self.runlog = RunLog(self.run_dir)
         self.completed_rounds = 0

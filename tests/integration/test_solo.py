@@ -389,3 +389,15 @@ def test_hyperparameters_changed_on_resume_take_effect(tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert "train.lr: 0.001 in the checkpoint, 0.0005 from the config" in err
     assert "train.betas" not in err
+
+
+def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
+    """Two nodes in one run folder would share one identity; the second gets a one-line error."""
+    from swarmnode.config import ConfigError, load_config
+    from swarmnode.node import Node
+
+    cfg = load_config(REPO / "node_configs" / "tiny.yaml", {"run.run_dir": str(tmp_path)})
+    first = Node(cfg)
+    with pytest.raises(ConfigError, match="in use by a running node \\(pid \\d+\\)"):
+        Node(cfg)
+    assert first.completed_rounds == 0
