@@ -27,6 +27,15 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-
     return centred / (rewards.std() + eps)
 
 
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl_beta: float) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0);
+    zeros when the penalty is off."""
+    if ref_logp is None or kl_beta <= 0:
+        return torch.zeros_like(logp)
+    log_r = ref_logp - logp
+    return torch.exp(log_r) - log_r - 1.0
+
+
 @dataclass
 class LossTerms:
     """Token sums of one micro-batch; divide by the batch's token count to get means."""
@@ -51,29 +60,31 @@ def policy_loss(
     token_weight: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
     kl_beta: float = 0.0,
+    clip_centre: torch.Tensor | None = None,
 ) -> LossTerms:
     """Clipped surrogate with token-level aggregation.
 
     Shapes: ``logp``, ``old_logp``, ``mask``, ``token_weight``, ``ref_logp`` are [B, T]; ``advantages``
     is [B] (one value per completion, broadcast over its tokens). ``mask`` is 1 on completion tokens
     that count. ``total_tokens`` is the mask sum over the *whole* batch (all micro-batches).
+    ``clip_centre`` (default 1) moves the clip window to [centre - clip_low, centre + clip_high], which
+    is how mix-policy clipping (ReMix) reuses this loss with ``old_logp`` set to the behaviour policy.
     """
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(-1)
     ratio = torch.exp(logp - old_logp)
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    centre = torch.ones_like(ratio) if clip_centre is None else clip_centre.to(ratio.dtype)
+    lower, upper = centre - clip_low, centre + clip_high
+    clipped = torch.minimum(torch.maximum(ratio, lower), upper)
     per_token = -torch.minimum(ratio * adv, clipped * adv)
     if token_weight is not None:
         per_token = per_token * token_weight
-    kl = torch.zeros_like(logp)
-    if ref_logp is not None and kl_beta > 0:
-        log_r = ref_logp - logp
-        kl = torch.exp(log_r) - log_r - 1.0  # k3: unbiased, always >= 0
-        per_token = per_token + kl_beta * kl
+    kl = k3_kl(logp, ref_logp, kl_beta)
+    per_token = per_token + kl_beta * kl
     loss = (per_token * mask).sum() / max(total_tokens, 1)
     with torch.no_grad():
-        low = ((ratio < 1.0 - clip_low) & (adv < 0) & (mask > 0)).sum().item()
-        high = ((ratio > 1.0 + clip_high) & (adv > 0) & (mask > 0)).sum().item()
+        low = ((ratio < lower) & (adv < 0) & (mask > 0)).sum().item()
+        high = ((ratio > upper) & (adv > 0) & (mask > 0)).sum().item()
         pg = -(torch.minimum(ratio * adv, clipped * adv) * mask).sum().item()
     return LossTerms(
         loss=loss,

@@ -45,7 +45,7 @@ from typing import Literal
 
 import torch
 
-from swarmnode.grpo import LossTerms, policy_loss
+from swarmnode.grpo import LossTerms, k3_kl, policy_loss
 
 Mode = Literal["none", "tis", "icepop", "remix", "luffy"]
 MODES: tuple[Mode, ...] = ("none", "tis", "icepop", "remix", "luffy")
@@ -125,14 +125,6 @@ def luffy_token_weight(logp: torch.Tensor, gamma: float = LUFFY_GAMMA) -> torch.
 # Loss variants (token-level aggregation as in grpo.policy_loss: token sum / total_tokens)
 
 
-def _k3(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl_beta: float) -> torch.Tensor:
-    """k3 = exp(ref - logp) - (ref - logp) - 1 per token, as in grpo.policy_loss; zeros when off."""
-    if ref_logp is None or kl_beta <= 0:
-        return torch.zeros_like(logp)
-    log_r = ref_logp - logp
-    return torch.exp(log_r) - log_r - 1.0
-
-
 def remix_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -158,27 +150,18 @@ def remix_policy_loss(
     ``clipped_low``/``clipped_high`` count tokens whose r left the window on the side that stops the
     gradient (below with A < 0, above with A > 0).
     """
-    mask = mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype).unsqueeze(-1)
-    ratio = torch.exp(logp - behaviour_logp)
     centre = torch.exp(old_logp.detach() - behaviour_logp)
-    lower, upper = centre - clip_low, centre + clip_high
-    clipped = torch.minimum(torch.maximum(ratio, lower), upper)
-    surrogate = torch.minimum(ratio * adv, clipped * adv)
-    kl = _k3(logp, ref_logp, kl_beta)
-    per_token = -surrogate + kl_beta * kl
-    loss = (per_token * mask).sum() / max(total_tokens, 1)
-    with torch.no_grad():
-        low = ((ratio < lower) & (adv < 0) & (mask > 0)).sum().item()
-        high = ((ratio > upper) & (adv > 0) & (mask > 0)).sum().item()
-        pg = -(surrogate * mask).sum().item()
-    return LossTerms(
-        loss=loss,
-        pg_sum=pg,
-        kl_sum=float((kl.detach() * mask).sum().item()),
-        clipped_low=int(low),
-        clipped_high=int(high),
-        tokens=int(mask.sum().item()),
+    return policy_loss(
+        logp,
+        behaviour_logp,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        total_tokens=total_tokens,
+        ref_logp=ref_logp,
+        kl_beta=kl_beta,
+        clip_centre=centre,
     )
 
 
@@ -217,7 +200,7 @@ def luffy_policy_loss(
     # padding may hold garbage log-probs: evaluate f at p = 1 there (finite; multiplied by 0 anyway)
     p = torch.where(valid, logp, torch.zeros_like(logp)).exp()
     surrogate = luffy_shaping(p, gamma) * adv
-    kl = _k3(logp, ref_logp, kl_beta)
+    kl = k3_kl(logp, ref_logp, kl_beta)
     per_token = -surrogate + kl_beta * kl
     loss = (per_token * fmask).sum() / max(total_tokens, 1)
     return LossTerms(
