@@ -6,10 +6,24 @@ batch, and lets the Verifier regenerate questions and recompute rewards; (3) sto
 live peer has delivered since the last round or the deadline passes, whichever is first, and never
 later; (4) chooses J external groups: zero-advantage groups dropped after local re-scoring, freshest
 first, uniform among equally fresh ones. Each peer group is trained on at most once.
+
+Audit trail: every peer group chosen for training is appended as one JSON line to
+``<run_dir>/peer_groups.jsonl``: our ``round``, the ``producer`` peer id (the verified signer), its
+``producer_round``, ``policy_version`` and ``model``, the ``task`` (``TaskRef.key()``), the number of
+``completions`` and ``texts_sha256`` (sha256 of the JSON list of completion texts). Append-only: after a
+resume from a checkpoint, rounds that run again can appear twice.
+
+Timing trace (for benchmarks/swarm_latency.py): with ``SWARMNODE_SHARE_TRACE=1`` in the environment the
+node appends one JSON line per event to ``<run_dir>/share.jsonl``, all times wall-clock ``time.time()``:
+``publish`` (own batch: publish start, announcement timestamp, DHT store done), ``batch`` (one per peer
+batch pulled: the announcement's signed timestamp, when the DHT get that first showed it started and
+returned, fetch start and end, verification end, groups accepted or the fetch failure reason) and
+``exchange`` (start, end, live peers, peers delivered). Off by default: nothing is written.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -28,6 +42,9 @@ from swarmnode.verify import Verifier
 
 POLL_INTERVAL_S = 0.5
 MAX_POOL_GROUPS = 512
+SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
+SHARE_TRACE_FILE = "share.jsonl"
+PEER_GROUPS_FILE = "peer_groups.jsonl"
 
 
 def log(message: str) -> None:
@@ -67,10 +84,12 @@ class Swarm:
         self.roster: dict[str, P.RosterCard] = {}
         self._ignored_peers: set[str] = set()
         self._pulled: set[bytes] = set()  # payload digests already fetched (accepted or not)
+        self._deferred: dict[str, P.BatchAnnouncement] = {}  # verified, new, but seen past a deadline
         self._pool: list[PooledGroup] = []
         self._delivered: set[str] = set()  # peers whose batch arrived since our last exchange
         self._last_seq = 0
         self._rng = random.Random(identity.peer_id)
+        self._trace_path = run_dir / SHARE_TRACE_FILE if os.environ.get(SHARE_TRACE_ENV) == "1" else None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -88,6 +107,16 @@ class Swarm:
         """Strictly increasing across restarts too (wall-clock milliseconds)."""
         self._last_seq = max(self._last_seq + 1, int(time.time() * 1000))
         return self._last_seq
+
+    def _trace(self, event: str, **fields) -> None:
+        """One line of the opt-in timing trace (see the module docstring); never raises."""
+        if self._trace_path is None:
+            return
+        try:
+            with self._trace_path.open("a") as f:
+                f.write(json.dumps({"event": event, **fields}) + "\n")
+        except OSError:
+            pass
 
     @property
     def _round_ttl_s(self) -> float:
@@ -116,6 +145,7 @@ class Swarm:
         groups = groups[: P.MAX_GROUPS_PER_BATCH]
         if not groups:
             return
+        t_start = time.time()
         batch = P.make_rollout_batch(
             groups,
             peer_id=self.identity.peer_id,
@@ -131,9 +161,13 @@ class Swarm:
         announcement = P.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.offer(announcement.payload_sha256, data)
         record = P.encode_message(self.identity, self.swarm_id, announcement)
-        self.transport.put_record(
+        stored = self.transport.put_record(
             P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s
         )
+        self._trace(
+            "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
+            stored=time.time(), ok=stored, groups=len(groups), bytes=len(data),
+        )  # fmt: skip
         self.counters.batches_published += 1
         self.counters.groups_published += len(groups)
 
@@ -180,16 +214,31 @@ class Swarm:
 
     def poll(self, round_: int, deadline: float) -> None:
         """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
-        for peer, record in self.transport.get_records(P.announce_key(self.swarm_id)).items():
+        t_get = time.time()
+        records = self.transport.get_records(P.announce_key(self.swarm_id))
+        t_seen = time.time()
+        for peer, record in records.items():
             if peer == self.identity.peer_id:
                 continue
-            announcement = self.verifier.check_announcement(record, peer)
-            if announcement is None or announcement.payload_sha256 in self._pulled:
+            # check_announcement records a new seq as seen and returns None for it afterwards, so one that
+            # arrives when the deadline has passed waits in _deferred for the next poll instead of being lost
+            announcement = self.verifier.check_announcement(record, peer) or self._deferred.get(peer)
+            self._deferred.pop(peer, None)
+            if announcement is None:
+                continue
+            if announcement.payload_sha256 in self._pulled:  # old data announced anew: never pulled twice
+                self.verifier.count_repeat(announcement, peer)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._deferred[peer] = announcement
                 return
             self._pulled.add(announcement.payload_sha256)
+            trace = {
+                "peer": peer, "round": announcement.round, "our_round": round_,
+                "announced_ts": announcement.timestamp, "get_started": t_get, "seen": t_seen,
+                "fetch_started": time.time(),
+            }  # fmt: skip
             try:
                 data = self.transport.fetch(
                     peer,
@@ -199,9 +248,12 @@ class Swarm:
                 )
             except TransportError as exc:
                 self.counters.fetch_failures[exc.reason] += 1
+                self._trace("batch", **trace, fetched=time.time(), error=exc.reason)
                 continue
+            trace["fetched"] = time.time()
             self.counters.batches_received += 1
             groups = self.verifier.check_batch(announcement, data, peer)
+            self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
             if groups:
                 self._delivered.add(peer)
                 self.counters.groups_accepted += len(groups)
@@ -210,6 +262,7 @@ class Swarm:
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
+        t_start = time.time()
         self.publish_roster(round_, policy_version)
         self.publish(round_, policy_version, local)
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s
@@ -219,11 +272,36 @@ class Swarm:
             if not live or live <= self._delivered or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+        self._trace(
+            "exchange", round=round_, started=t_start, ended=time.time(), live=len(live),
+            delivered=len(live & self._delivered),
+        )  # fmt: skip
         self._delivered.clear()
         chosen = self.select(self.cfg.swarm.external_per_round)
         self.counters.groups_trained += len(chosen)
+        self.record_trained(round_, chosen)
         self.write_status(round_, policy_version)
         return chosen
+
+    def record_trained(self, round_: int, groups: list[RolloutGroup]) -> None:
+        """Append one line per peer group chosen for training to ``<run_dir>/peer_groups.jsonl`` (audit)."""
+        if not groups:
+            return
+        with (self.run_dir / PEER_GROUPS_FILE).open("a") as f:
+            for group in groups:
+                p = group.provenance
+                texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
+                line = {
+                    "round": round_,
+                    "producer": p.producer,
+                    "producer_round": p.round,
+                    "policy_version": p.policy_version,
+                    "model": p.model_name,
+                    "task": group.ref.key(),
+                    "completions": len(group.completions),
+                    "texts_sha256": hashlib.sha256(texts.encode("utf-8", "surrogatepass")).hexdigest(),
+                }
+                f.write(json.dumps(line) + "\n")
 
     def select(self, count: int) -> list[RolloutGroup]:
         """SAPO choice: informative groups only, freshest arrival first, uniform within a tier."""

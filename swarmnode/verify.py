@@ -4,11 +4,14 @@ Two entry points, one per channel, each cheapest check first:
 
 ``check_announcement(record, subkey_peer)`` for a ``BatchAnnouncement`` read from the DHT:
 banned subkey? -> size cap, decode and signature (the subkey must be the signer) -> freshness ->
-sequence number (a record read twice is a silent duplicate; an older one is a ``replay``).
+sequence number (a record read twice is a silent duplicate; an older one is a ``replay``). A record
+rejected once is not counted again when the next poll reads it again (unless the reason can change:
+``banned``, ``stale``).
 
 ``check_batch(announcement, data, stream_peer)`` for the ``RolloutBatch`` pulled from the announcer:
 banned? -> stream peer is the announcer -> payload already accepted? -> rate limit -> length, sha256,
-decode, signature and consistency with the announcement -> freshness -> per-token log-probs in range ->
+decode, signature and consistency with the announcement -> freshness -> sequence number (a batch signed
+with a seq not above the sender's last one is a ``replay``) -> per-token log-probs in range ->
 every task ref in this node's mix -> regenerate each question and score every completion with this
 node's own verifier -> claimed rewards agree with the recomputed task scores. Any failure rejects the
 whole batch. What comes out are ``RolloutGroup``s with provenance ``source="peer"``, rewards computed
@@ -41,6 +44,7 @@ from swarmnode.peers import PeerBook
 from swarmnode.protocol import (
     BATCH_ANNOUNCEMENT,
     REJECT_REASONS,
+    ROLLOUT_BATCH,
     BatchAnnouncement,
     ProtocolError,
     RolloutBatch,
@@ -76,6 +80,11 @@ LOGPROB_MAX = 1e-4  # log-probs are <= 0; a hair above is float32 rounding of lo
 _ACCEPTED_DIGESTS = 65536  # payload sha256s remembered for dedup (2 MiB)
 # Not the sender's fault or not evidence of it: counted, never charged.
 _NOT_CHARGED = frozenset({"banned", "duplicate_payload", "stale", "internal_error"})
+# A DHT record is re-read at every poll. One rejected for a reason that cannot change is remembered by its
+# (subkey, sha256) and ignored when read again, so each bad record is counted once; these reasons can
+# change with time (a ban ends, a clock catches up), so records rejected for them are checked again.
+_RECHECKED = frozenset({"banned", "stale", "internal_error"})
+_REJECTED_RECORDS = 4096  # remembered rejected records (about 200 KiB)
 
 
 class _Rejected(Exception):
@@ -109,17 +118,22 @@ class Verifier:
         self.accepted_groups = 0
         self.accepted_batches = 0
         self._accepted: OrderedDict[bytes, None] = OrderedDict()
+        self._rejected_records: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._internal_errors_logged = False
 
     # --- DHT records -----------------------------------------------------------------------------
     def check_announcement(self, record: bytes, subkey_peer: str) -> BatchAnnouncement | None:
         """The announcement in a DHT ``record`` stored under ``subkey_peer``, or None (rejected, counted;
         or a record already seen, not counted). Never charges a peer: anyone can write any subkey."""
+        seen = None
         try:
             if not isinstance(record, bytes | bytearray | memoryview):
                 raise _Rejected("malformed", f"record is {type(record).__name__}, not bytes")
             if not isinstance(subkey_peer, str):
                 raise _Rejected("wrong_sender", f"subkey is {type(subkey_peer).__name__}, not a peer id")
+            seen = (subkey_peer, payload_digest(bytes(record)))
+            if seen in self._rejected_records:  # counted when it was first read
+                return None
             if self.book.is_banned(subkey_peer):
                 raise _Rejected("banned")
             msg, sender = decode_message(
@@ -135,6 +149,10 @@ class Verifier:
             return msg
         except (ProtocolError, _Rejected) as e:
             self._count(e.reason, subkey_peer, e.detail)
+            if seen is not None and e.reason not in _RECHECKED:
+                self._rejected_records[seen] = None
+                while len(self._rejected_records) > _REJECTED_RECORDS:
+                    self._rejected_records.popitem(last=False)
         except Exception:  # noqa: BLE001 - the network edge answers, it does not crash
             self._internal_error(subkey_peer)
         return None
@@ -142,6 +160,13 @@ class Verifier:
     def already_accepted(self, payload_sha256: bytes) -> bool:
         """True if a payload with this sha256 was accepted already: no need to pull it."""
         return bytes(payload_sha256) in self._accepted
+
+    def count_repeat(self, announcement: BatchAnnouncement, peer: str) -> None:
+        """``peer`` announced anew a payload this node has already pulled: the caller does not pull it
+        again; counted as ``duplicate_payload``, charged to nobody (re-announcing old data gains nothing)."""
+        self._count(
+            "duplicate_payload", peer, f"payload {announcement.payload_sha256.hex()[:16]} re-announced"
+        )
 
     # --- payloads --------------------------------------------------------------------------------
     def check_batch(
@@ -183,6 +208,13 @@ class Verifier:
             raise _Rejected("rate_limited", f"{len(data)} bytes")
         batch = check_payload(announcement, data, swarm_id=self.swarm_id)
         check_fresh(batch.timestamp, self.clock(), max_age=self.max_age_s)
+        # PROTOCOL.md section 7 applies to batches too: without it a peer could re-sign an accepted batch
+        # under its old seq (new bytes, so a new sha256) and have the same groups trained on twice.
+        if (
+            self.book.check_sequence(stream_peer, ROLLOUT_BATCH, batch.seq, announcement.payload_sha256)
+            != "new"
+        ):
+            raise _Rejected("duplicate_payload", "these exact bytes were checked before")
         self._check_logprobs(batch)
         refs = [self._check_ref(g.task) for g in batch.groups]
         return self._score(batch, refs)

@@ -6,6 +6,7 @@ processes they started, by PID, and every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -64,7 +65,9 @@ class NodeProc:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"node {self.run_dir} still running after {timeout_s}s:\n{self.output()}") from None
+            raise AssertionError(
+                f"node {self.run_dir} still running after {timeout_s}s:\n{self.output()}"
+            ) from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -88,8 +91,105 @@ def start_node(run_dir: Path, *args: str, peers: list[str] = ()) -> NodeProc:
     # One torch thread per node: several nodes share 2 cores, and spinning OpenMP threads starve each other.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        cmd,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     node = NodeProc(run_dir, proc)
     threading.Thread(target=node._pump, daemon=True).start()
     return node
+
+
+HOSTILE_SCRIPT = Path(__file__).resolve().parent / "hostile_peer.py"
+
+
+@dataclass
+class HostileProc:
+    """A ``hostile_peer.py`` process (its own process group: it, its DHT process and p2pd)."""
+
+    attack: str
+    proc: subprocess.Popen
+    log_path: Path
+    lines: list[str] = field(default_factory=list)
+    _queue: queue.Queue = field(default_factory=queue.Queue)
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._queue.put(line)
+
+    def wait_for_line(self, prefix: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        for line in list(self.lines):
+            if line.startswith(prefix):
+                return line
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            if line.startswith(prefix):
+                return line
+        raise AssertionError(
+            f"hostile {self.attack}: no {prefix!r} line within {timeout_s}s\n{self.output()}"
+        )
+
+    def report(self, timeout_s: float) -> dict:
+        """The ``DONE`` summary: peer id and every step (digest, requested, served)."""
+        return json.loads(self.wait_for_line("DONE ", timeout_s).split(" ", 1)[1])
+
+    def output(self) -> str:
+        err = self.log_path.read_text()[-4000:] if self.log_path.exists() else ""
+        return "stdout:\n" + "\n".join(self.lines[-40:]) + "\nstderr (tail):\n" + err
+
+    def kill(self) -> None:
+        """SIGKILL the hostile process itself, by its pid (its DHT process and p2pd notice and exit)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Close its stdin (it shuts down cleanly); kill it if it does not. Then make sure nothing of its
+        process group (which this helper started) is left."""
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        deadline = time.monotonic() + 10.0
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # only the group this helper started
+
+
+def start_hostile(attack: str, work_dir: Path, swarm_id: str, honest_addr: str) -> HostileProc:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    log_path = work_dir / f"{attack}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(HOSTILE_SCRIPT), attack, str(work_dir), swarm_id, honest_addr],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            start_new_session=True,  # its own process group, so cleanup can reach its DHT process and p2pd
+        )
+    hostile = HostileProc(attack, proc, log_path)
+    threading.Thread(target=hostile._pump, daemon=True).start()
+    return hostile

@@ -1,0 +1,424 @@
+"""Swarm sharing benchmark: publish -> arrival latency and the share of round time spent on sharing.
+
+For each swarm size N it starts N real ``swarmnode join`` processes on 127.0.0.1 with the tiny model
+(node_configs/tiny.yaml, one torch thread each): one bootstrap, the others joining it, all waiting for
+N-1 peers before round 1 so they start together. Every node writes the opt-in timing trace of
+swarmnode/swarm.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
+once all nodes finish, the two are joined:
+
+- latency of a (batch, receiver) pair = receiver's "bytes fetched" time - publisher's publish start
+  (the moment it began building the signed batch; batch.timestamp is taken microseconds later). All
+  nodes run on one machine, so their wall clocks agree. "+verify" adds the receiver's verification.
+- "every peer" latency of a batch = the latest of its N-1 arrivals (a missing arrival counts as never);
+  "before next round" = that all N-1 arrivals happened before the publisher began its next round
+  (its exchange end + train + weight sync).
+- share of round = sum(seconds_share) / sum(seconds_total) per node, averaged over nodes; "net share"
+  subtracts from seconds_share the time the node was only waiting for the last peer of the round to
+  publish at all (a straggler still sampling), which no network can remove.
+
+The first --warmup rounds (first-call overheads) and the last --cooldown rounds are left out: a node
+that has finished leaves the swarm, the DHT records it held (other nodes' roster cards and
+announcements) go with it, and nodes still in their last round then stop waiting for some peers. Every
+wait is bounded; only processes this script started are ended, by PID. Usage:
+
+    .venv/bin/python benchmarks/swarm_latency.py --nodes 4 8 16 --rounds 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
+
+TRACE_ENV = "SWARMNODE_SHARE_TRACE"  # swarmnode.swarm.SHARE_TRACE_ENV (not imported: it pulls in torch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# machine
+# ---------------------------------------------------------------------------------------------------
+def machine_info() -> dict:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = avail_gib = float("nan")
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        mem_gib = int(meminfo["MemTotal"].split()[0]) / 2**20
+        avail_gib = int(meminfo["MemAvailable"].split()[0]) / 2**20
+    except (OSError, KeyError, ValueError):
+        pass
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "mem_gib": round(mem_gib, 1),
+        "mem_available_gib": round(avail_gib, 1),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "other_swarmnode_processes": other_swarmnode_processes(),
+    }
+
+
+def other_swarmnode_processes() -> list[str]:
+    """Command lines of swarmnode processes this script did not start (they compete for the CPU)."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if "swarmnode" in cmd and "swarm_latency" not in cmd and ppid != me:
+            found.append(f"pid {entry.name}: {cmd[:160]}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------
+# running one swarm
+# ---------------------------------------------------------------------------------------------------
+def node_args(n: int, args: argparse.Namespace, swarm_id: str) -> list[str]:
+    return [
+        "--config", str(args.config),
+        "--rounds", str(args.rounds),
+        "--set", f"swarm.swarm_id={swarm_id}",
+        "--set", f"swarm.min_peers={n - 1}",
+        "--set", f"swarm.wait_for_peers_s={args.startup_timeout}",
+        "--set", f"swarm.share_deadline_s={args.deadline}",
+        "--set", "run.checkpoint_every=100000",  # only the final checkpoint: no disk work between rounds
+    ]  # fmt: skip
+
+
+def stop_all(nodes: list[NodeProc]) -> None:
+    for node in nodes:  # SIGINT to all first, so they shut down in parallel
+        if node.proc.poll() is None:
+            try:
+                os.kill(node.proc.pid, 2)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 30
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception:
+            node.kill()  # SIGKILL by PID; its DHT process and p2pd exit when they see it gone
+
+
+def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[Path], dict]:
+    """Run an n-node swarm to completion (or to its time limit); returns the run dirs and run info."""
+    swarm_id = f"bench-{n}-{os.getpid()}"
+    root = workdir / f"n{n}"
+    if root.exists():
+        shutil.rmtree(root)
+    dirs = [root / f"node{i:02d}" for i in range(n)]
+    os.environ[TRACE_ENV] = "1"
+    nodes: list[NodeProc] = []
+    info = {"nodes": n, "exit_codes": [], "timed_out": False, "load_before": os.getloadavg()}
+    t0 = time.monotonic()
+    try:
+        nodes.append(start_node(dirs[0], *node_args(n, args, swarm_id)))
+        bootstrap = nodes[0].address(timeout_s=args.startup_timeout)
+        for d in dirs[1:]:
+            nodes.append(start_node(d, *node_args(n, args, swarm_id), peers=[bootstrap]))
+        limit = t0 + args.startup_timeout + args.rounds * args.round_timeout
+        for node in nodes:
+            remaining = limit - time.monotonic()
+            try:
+                node.proc.wait(timeout=max(remaining, 0.1))
+            except Exception:
+                info["timed_out"] = True
+                break
+    finally:
+        stop_all(nodes)
+    info["exit_codes"] = [node.proc.returncode for node in nodes]
+    info["wall_s"] = round(time.monotonic() - t0, 1)
+    info["load_after"] = os.getloadavg()
+    failed = [(d, node) for d, node in zip(dirs, nodes, strict=False) if node.proc.returncode != 0]
+    for d, node in failed[:2]:
+        code = node.proc.returncode
+        print(f"--- node {d.name} exited {code}; last output:\n{node.output()}", file=sys.stderr)
+    return dirs, info
+
+
+# ---------------------------------------------------------------------------------------------------
+# analysis
+# ---------------------------------------------------------------------------------------------------
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (inf values allowed: they sort last)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(math.ceil(q / 100 * len(ordered)), 1)
+    return ordered[rank - 1]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def analyse(dirs: list[Path], first: int, last: int) -> dict:
+    """Statistics over rounds ``first``..``last`` (inclusive) of the run folders ``dirs``."""
+    nodes = []
+    for d in dirs:
+        try:
+            peer = json.loads((d / "status.json").read_text())["peer_id"]
+        except (OSError, ValueError, KeyError):
+            continue
+        events = read_jsonl(d / "share.jsonl")
+        nodes.append(
+            {
+                "peer": peer,
+                "metrics": {r["round"]: r for r in read_jsonl(d / "metrics.jsonl")},
+                "publish": {e["round"]: e for e in events if e["event"] == "publish"},
+                "exchange": {e["round"]: e for e in events if e["event"] == "exchange"},
+                "batches": [e for e in events if e["event"] == "batch"],
+            }
+        )
+    by_peer = {node["peer"]: node for node in nodes}
+    n = len(nodes)
+
+    # -- latency per (batch, receiver) ------------------------------------------------------------
+    arrivals: dict[tuple[str, int], dict[str, dict]] = {}  # (publisher, round) -> receiver -> event
+    failures = 0
+    for node in nodes:
+        for e in node["batches"]:
+            if "error" in e:
+                failures += 1
+                continue
+            arrivals.setdefault((e["peer"], e["round"]), {})[node["peer"]] = e
+    lat, lat_verified, parts = [], [], {k: [] for k in ("idle", "visible", "get", "queue", "fetch", "verify")}
+    every, before_next, expected = [], [], 0
+    for pub in nodes:
+        for r, p in pub["publish"].items():
+            if not first <= r <= last:
+                continue
+            published = p["started"]
+            got = arrivals.get((pub["peer"], r), {})
+            expected += n - 1
+            times = []
+            for rec in nodes:
+                if rec is pub:
+                    continue
+                e = got.get(rec["peer"])
+                if e is None:
+                    times.append(float("inf"))
+                    continue
+                times.append(e["fetched"] - published)
+                lat.append(e["fetched"] - published)
+                lat_verified.append(e["verified"] - published)
+                ex = rec["exchange"].get(e["our_round"])
+                polling_from = max(published, ex["started"] if ex else published)
+                # receiver not polling yet (still sampling or training its own round)
+                parts["idle"].append(polling_from - published)
+                # poll interval, DHT store and get, pulls earlier in the same poll cycle
+                parts["visible"].append(e["seen"] - polling_from)
+                parts["get"].append(e["seen"] - e["get_started"])  # the DHT get that showed it
+                parts["queue"].append(e["fetch_started"] - e["seen"])  # other pulls of the same poll first
+                parts["fetch"].append(e["fetched"] - e["fetch_started"])
+                parts["verify"].append(e["verified"] - e["fetched"])
+            worst = max(times) if times else float("nan")
+            every.append(worst)
+            rec_m, ex = pub["metrics"].get(r), pub["exchange"].get(r)
+            if rec_m and ex and worst != float("inf"):
+                next_start = ex["ended"] + rec_m["seconds_train"] + rec_m["seconds_sync"]
+                before_next.append(published + worst <= next_start)
+            else:
+                before_next.append(False)
+
+    # -- share of round time --------------------------------------------------------------------
+    shares, net_shares, totals, share_s, net_share_s = [], [], [], [], []
+    for node in nodes:
+        rounds = [r for r in node["metrics"] if first <= r <= last]
+        if not rounds:
+            continue
+        tot = sum(node["metrics"][r]["seconds_total"] for r in rounds)
+        shr = sum(node["metrics"][r]["seconds_share"] for r in rounds)
+        barrier = 0.0
+        for r in rounds:
+            ex = node["exchange"].get(r)
+            last_pub = max(
+                (o["publish"][r]["started"] for o in nodes if o is not node and r in o["publish"]),
+                default=None,
+            )
+            wait = 0.0
+            if ex and last_pub is not None:
+                wait = min(max(last_pub - ex["started"], 0.0), ex["ended"] - ex["started"])
+            barrier += wait
+            net_share_s.append(max(node["metrics"][r]["seconds_share"] - wait, 0.0))
+        shares.append(shr / tot)
+        net_shares.append(max(shr - barrier, 0.0) / tot)
+        totals += [node["metrics"][r]["seconds_total"] for r in rounds]
+        share_s += [node["metrics"][r]["seconds_share"] for r in rounds]
+    stores = [
+        p["stored"] - p["started"] for node in nodes for r, p in node["publish"].items() if first <= r <= last
+    ]
+    return {
+        "nodes_reporting": n,
+        "by_peer": len(by_peer),
+        "pairs_expected": expected,
+        "pairs_delivered": len(lat),
+        "fetch_failures": failures,
+        "arrival_p50_s": pct(lat, 50),
+        "arrival_p95_s": pct(lat, 95),
+        "arrival_max_s": max(lat) if lat else float("nan"),
+        "arrival_verified_p95_s": pct(lat_verified, 95),
+        "every_peer_p50_s": pct(every, 50),
+        "every_peer_p95_s": pct(every, 95),
+        "batches": len(every),
+        "reached_all_before_next_round": sum(before_next) / len(before_next) if before_next else float("nan"),
+        "share_of_round": statistics.mean(shares) if shares else float("nan"),
+        "net_share_of_round": statistics.mean(net_shares) if net_shares else float("nan"),
+        "round_p50_s": median(totals),
+        "share_p50_s": median(share_s),
+        "net_share_p50_s": median(net_share_s),
+        "publish_store_p50_s": median(stores),
+        "breakdown_p50_s": {k: median(v) for k, v in parts.items()},
+        "breakdown_p95_s": {k: pct(v, 95) for k, v in parts.items()},
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+def fmt(x: float, unit: str = "s") -> str:
+    if isinstance(x, float) and math.isnan(x):
+        return "n/a"
+    if x == float("inf"):
+        return "never"
+    return f"{x:.2f}{unit}" if unit == "s" else f"{x:.1%}"
+
+
+def table(results: list[dict]) -> str:
+    head = (
+        "| nodes | batches | pairs delivered | arrival p50 | arrival p95 | arrival max | every-peer p50 "
+        "| every-peer p95 | all peers before next round | share of round | net share | round p50 "
+        "| share p50 | net share p50 |"
+    )
+    lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
+    for r in results:
+        a = r["analysis"]
+        lines.append(
+            f"| {r['nodes']} | {a['batches']} | {a['pairs_delivered']}/{a['pairs_expected']} "
+            f"| {fmt(a['arrival_p50_s'])} | {fmt(a['arrival_p95_s'])} | {fmt(a['arrival_max_s'])} "
+            f"| {fmt(a['every_peer_p50_s'])} | {fmt(a['every_peer_p95_s'])} "
+            f"| {fmt(a['reached_all_before_next_round'], '%')} | {fmt(a['share_of_round'], '%')} "
+            f"| {fmt(a['net_share_of_round'], '%')} | {fmt(a['round_p50_s'])} | {fmt(a['share_p50_s'])} "
+            f"| {fmt(a['net_share_p50_s'])} |"
+        )
+    return "\n".join(lines)
+
+
+def breakdown_table(results: list[dict]) -> str:
+    keys = ("idle", "visible", "get", "queue", "fetch", "verify")
+    head = "| nodes | " + " | ".join(f"{k} p50 / p95" for k in keys) + " | DHT store p50 |"
+    lines = [head, "|" + "|".join(["---"] * (len(keys) + 2)) + "|"]
+    for r in results:
+        a = r["analysis"]
+        cells = [f"{fmt(a['breakdown_p50_s'][k])} / {fmt(a['breakdown_p95_s'][k])}" for k in keys]
+        lines.append(f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(a['publish_store_p50_s'])} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16], help="swarm sizes to run")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per node (including warm-up)")
+    parser.add_argument("--warmup", type=int, default=1, help="first rounds left out of the statistics")
+    parser.add_argument("--cooldown", type=int, default=1, help="last rounds left out (nodes leaving)")
+    parser.add_argument("--deadline", type=float, default=10.0, help="swarm.share_deadline_s")
+    parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "tiny.yaml")
+    parser.add_argument("--startup-timeout", type=float, default=300.0, help="longest swarm start-up (s)")
+    parser.add_argument("--round-timeout", type=float, default=60.0, help="time allowed per round (s)")
+    parser.add_argument("--workdir", type=Path, default=None, help="run folders (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the run folders")
+    parser.add_argument("--json", type=Path, default=None, help="also write all results as JSON here")
+    args = parser.parse_args()
+    if args.rounds <= args.warmup + args.cooldown:
+        parser.error("--rounds must be larger than --warmup + --cooldown")
+    first, last = args.warmup + 1, args.rounds - args.cooldown
+
+    machine = machine_info()
+    print(
+        f"machine: {machine['cpu_model']}, {machine['usable_cores']}/{machine['cores']} cores, "
+        f"{machine['mem_gib']} GiB RAM ({machine['mem_available_gib']} GiB available), "
+        f"load {machine['loadavg']}",
+        file=sys.stderr,
+    )
+    for line in machine["other_swarmnode_processes"]:
+        print(f"note: another swarmnode process competes for the CPU: {line}", file=sys.stderr)
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="swarm-latency-"))
+    results = []
+    try:
+        for n in args.nodes:
+            if n < 2:
+                parser.error("a swarm needs at least 2 nodes")
+            print(f"running {n} nodes x {args.rounds} rounds in {workdir / f'n{n}'} ...", file=sys.stderr)
+            dirs, info = run_swarm(n, args, workdir)
+            analysis = analyse(dirs, first, last)
+            results.append({"nodes": n, "run": info, "analysis": analysis})
+            status = "TIMED OUT" if info["timed_out"] else "done"
+            bad = sum(1 for c in info["exit_codes"] if c != 0)
+            print(
+                f"  {status} in {info['wall_s']}s, {bad} node(s) exited non-zero, "
+                f"load {[round(x, 1) for x in info['load_after']]}",
+                file=sys.stderr,
+            )
+            print(table(results[-1:]), file=sys.stderr)
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    print(
+        f"\n{args.rounds} rounds per node, statistics over rounds {first}-{last}; "
+        f"share_deadline_s={args.deadline}"
+    )
+    print(table(results))
+    print("\nwhere the arrival time goes (per batch-receiver pair):")
+    print(breakdown_table(results))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "results": results},
+                indent=1,
+                default=str,
+            )  # fmt: skip
+        )
+    return 0 if all(not r["run"]["timed_out"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
