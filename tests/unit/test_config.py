@@ -98,7 +98,11 @@ def test_override_below_a_value_is_refused() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("train: [1,\n", "malformed YAML: .* at line 2"), ("- a\n- b\n", "expected a mapping"), (None, "not found")],
+    [
+        ("train: [1,\n", "malformed YAML: .* at line 2"),
+        ("- a\n- b\n", "expected a mapping"),
+        (None, "not found"),
+    ],
 )
 def test_unreadable_files(tmp_path: Path, text: str | None, message: str) -> None:
     path = tmp_path / "node.yaml"
