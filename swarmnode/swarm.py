@@ -42,9 +42,23 @@ from swarmnode.verify import Verifier
 
 POLL_INTERVAL_S = 0.5
 MAX_POOL_GROUPS = 512
+MAX_SEEN_GROUPS = 65536  # content digests remembered for dedup (~100 B each)
+MAX_FETCH_ATTEMPTS = 2
+RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"
 PEER_GROUPS_FILE = "peer_groups.jsonl"
+
+
+def texts_digest(group: RolloutGroup) -> str:
+    """sha256 of the JSON list of the group's completion texts."""
+    texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
+    return hashlib.sha256(texts.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def group_digest(group: RolloutGroup) -> str:
+    """Identity of a group's content: its task and its completion texts, whoever sent it."""
+    return hashlib.sha256(f"{group.ref.key()}\n{texts_digest(group)}".encode()).hexdigest()
 
 
 def log(message: str) -> None:
@@ -64,6 +78,7 @@ class SwarmCounters:
     batches_received: int = 0
     groups_accepted: int = 0
     groups_trained: int = 0
+    duplicate_groups: int = 0
     fetch_failures: Counter = field(default_factory=Counter)
 
 
@@ -84,7 +99,9 @@ class Swarm:
         self.roster: dict[str, P.RosterCard] = {}
         self._ignored_peers: set[str] = set()
         self._pulled: set[bytes] = set()  # payload digests already fetched (accepted or not)
-        self._deferred: dict[str, P.BatchAnnouncement] = {}  # verified, new, but seen past a deadline
+        self._deferred: dict[str, P.BatchAnnouncement] = {}  # verified and new, to pull at the next poll
+        self._fetch_attempts: Counter[bytes] = Counter()
+        self._seen_groups: dict[str, None] = {}  # insertion-ordered set of group_digest()s
         self._pool: list[PooledGroup] = []
         self._delivered: set[str] = set()  # peers whose batch arrived since our last exchange
         self._last_seq = 0
@@ -249,16 +266,43 @@ class Swarm:
             except TransportError as exc:
                 self.counters.fetch_failures[exc.reason] += 1
                 self._trace("batch", **trace, fetched=time.time(), error=exc.reason)
+                self._after_failed_fetch(peer, announcement, exc.reason)
                 continue
             trace["fetched"] = time.time()
             self.counters.batches_received += 1
-            groups = self.verifier.check_batch(announcement, data, peer)
+            groups = self._unseen(self.verifier.check_batch(announcement, data, peer))
             self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
             if groups:
                 self._delivered.add(peer)
                 self.counters.groups_accepted += len(groups)
                 self._pool.extend(PooledGroup(g, round_) for g in groups)
         del self._pool[:-MAX_POOL_GROUPS]
+
+    def _after_failed_fetch(self, peer: str, announcement: P.BatchAnnouncement, reason: str) -> None:
+        """Transient failures are retried at the next poll (bounded); an oversized frame is the
+        authenticated sender's fault and costs it a strike."""
+        digest = announcement.payload_sha256
+        if reason == "oversize":
+            self.book.strike(peer, "oversize")
+        elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[digest] < MAX_FETCH_ATTEMPTS - 1:
+            self._fetch_attempts[digest] += 1
+            self._pulled.discard(digest)
+            self._deferred[peer] = announcement
+
+    def _unseen(self, groups: list[RolloutGroup]) -> list[RolloutGroup]:
+        """Drop groups whose task and completion texts already arrived (from anyone): the same
+        completions re-signed in a new batch are never trained on twice."""
+        fresh = []
+        for group in groups:
+            digest = group_digest(group)
+            if digest in self._seen_groups:
+                self.counters.duplicate_groups += 1
+                continue
+            self._seen_groups[digest] = None
+            fresh.append(group)
+        while len(self._seen_groups) > MAX_SEEN_GROUPS:
+            self._seen_groups.pop(next(iter(self._seen_groups)))
+        return fresh
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
@@ -290,7 +334,6 @@ class Swarm:
         with (self.run_dir / PEER_GROUPS_FILE).open("a") as f:
             for group in groups:
                 p = group.provenance
-                texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
                 line = {
                     "round": round_,
                     "producer": p.producer,
@@ -299,7 +342,7 @@ class Swarm:
                     "model": p.model_name,
                     "task": group.ref.key(),
                     "completions": len(group.completions),
-                    "texts_sha256": hashlib.sha256(texts.encode("utf-8", "surrogatepass")).hexdigest(),
+                    "texts_sha256": texts_digest(group),
                 }
                 f.write(json.dumps(line) + "\n")
 
@@ -343,6 +386,7 @@ class Swarm:
                 "batches_received": self.counters.batches_received,
                 "groups_accepted": self.counters.groups_accepted,
                 "groups_trained": self.counters.groups_trained,
+                "duplicate_groups": self.counters.duplicate_groups,
                 "groups_pooled": len(self._pool),
             },
             "rejected": dict(sorted(self.verifier.rejections.items())),

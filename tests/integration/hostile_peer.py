@@ -333,6 +333,11 @@ class Hostile:
         # announcement; only the batch's own seq gives it away (-> replay)
         again = replace(original, timestamp=time.time())
         self.send("resigned_old_batch", self.encode(again), again)
+        self.wait_next_exchange()
+        # the accepted groups in a brand-new batch with a fresh seq, valid in every way: the verifier
+        # accepts it, and the swarm's content dedup keeps its groups from being trained a second time
+        renewed = replace(original, timestamp=time.time(), seq=self.seq())
+        self.send("resent_groups_new_seq", self.encode(renewed), renewed)
 
     def oversize_frame(self) -> None:
         """Announce a small payload, then answer with a frame header over the limit: over

@@ -32,7 +32,7 @@ from tests.integration.swarm_procs import start_hostile, start_node
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
-ROUNDS = 6  # the slowest attack (replay) needs about four honest rounds
+ROUNDS = 7  # the slowest attack (replay) needs about five honest rounds
 STRIKE_LIMIT = 3  # PeerBook default
 
 
@@ -62,7 +62,7 @@ ATTACKS = {
     # re-signed under the old batch seq. One strike only: not banned
     "replay": Expect(
         {"duplicate_payload": 1, "replay": 2},
-        pulled=("control", "resigned_old_batch"),
+        pulled=("control", "resigned_old_batch", "resent_groups_new_seq"),
         not_pulled=("old_seq_announcement",),
     ),
     # frame headers over MAX_FRAME_BYTES and over the announced length: refused before the body
@@ -199,6 +199,7 @@ def test_attack_is_rejected_counted_and_never_trained(attacked, attack):
         }, attacked.trained
         assert len(trained) == 2 and len({line["round"] for line in trained}) == 1, attacked.trained
         assert _steps(report, "reannounced_payload")[0]["requested"] == 1  # the control's one pull
+        assert attacked.status["rollouts"]["duplicate_groups"] == 2  # the re-sent control groups
     else:
         assert trained == [], attacked.trained
 
