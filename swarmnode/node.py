@@ -58,7 +58,6 @@ class Node:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = _lock_run_dir(self.run_dir)
         self.checkpoints = self.run_dir / "checkpoints"
         self.runlog = RunLog(self.run_dir)
         self.completed_rounds = 0
@@ -70,6 +69,7 @@ class Node:
                 f"run.resume is false but {self.run_dir} already holds a run (metrics or checkpoints); "
                 "choose a new run.run_dir, delete the old run, or resume it"
             )
+        self._lock = _lock_run_dir(self.run_dir)
 
         self.identity_path = cfg.run.identity_path or self.run_dir / "identity.key"
         self.identity, created = load_or_create(self.identity_path)
@@ -96,6 +96,10 @@ class Node:
         self.sampler = make_sampler(cfg.sampling, self.policy)
         if cfg.run.resume:
             self._resume()
+
+    def close(self) -> None:
+        """Release the run folder (the process exiting does the same)."""
+        self._lock.close()
 
     @property
     def peer_id(self) -> str:

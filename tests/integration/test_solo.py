@@ -357,6 +357,7 @@ def test_a_last_record_without_newline_does_not_swallow_the_next_one(tmp_path: P
     node.completed_rounds = 1
     node.save_checkpoint()
     (run_dir / "metrics.jsonl").write_text(json.dumps({"round": 1}))  # the newline was never written
+    node.close()  # the "crashed" node lets go of the run folder
     Node(_node_config(run_dir)).runlog.append({"round": 2})
     assert RunLog(run_dir).records() == [{"round": 1}, {"round": 2}]
 
@@ -383,6 +384,7 @@ def test_hyperparameters_changed_on_resume_take_effect(tmp_path: Path, capsys) -
     node = Node(_node_config(run_dir))
     node.completed_rounds = 1
     node.save_checkpoint()
+    node.close()
     resumed = Node(_node_config(run_dir, **{"train.lr": 5e-4, "train.weight_decay": 0.01}))
     assert resumed.completed_rounds == 1
     assert [(g["lr"], g["weight_decay"]) for g in resumed.trainer.optimizer.param_groups] == [(5e-4, 0.01)]
@@ -400,4 +402,5 @@ def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
     first = Node(cfg)
     with pytest.raises(ConfigError, match="in use by a running node \\(pid \\d+\\)"):
         Node(cfg)
-    assert first.completed_rounds == 0
+    first.close()
+    assert Node(cfg).completed_rounds == 0  # free again once the first node is closed
