@@ -93,7 +93,7 @@ class PeerBook:
         ban_factor: float = 2.0,
         ban_max_s: float = 3600.0,
         strike_limit: int = 3,
-        batch_rate_per_min: float = 120.0,
+        batch_rate_per_min: float = 240.0,  # above the receiver's own pull pace (one per peer per 0.5 s poll)
         byte_rate_per_min: float = 16 * MiB,
         burst: int = 16,
         max_peers: int = 4096,
