@@ -142,6 +142,11 @@ class RunConfig(_Strict):
     keep_checkpoints: int = Field(3, gt=0, description="Newest checkpoints kept on disk.")
     resume: bool = Field(True, description="Resume from the newest valid checkpoint in run_dir.")
     identity_path: Path | None = Field(None, description="Ed25519 key file (default run_dir/identity.key).")
+    cpu_threads: int | None = Field(
+        None,
+        gt=0,
+        description="Torch CPU threads (None = torch's default: all cores); 1 when nodes share a machine.",
+    )
 
 
 class SwarmConfig(_Strict):

@@ -78,6 +78,8 @@ class Node:
         # Validates the task mix before the slow model load; peers draw different question streams.
         stream_seed = int.from_bytes(hashlib.sha256(self.identity.peer_id.encode()).digest()[:8], "big")
         self.bank = TaskBank(cfg.tasks, default_seed=stream_seed)
+        if cfg.run.cpu_threads is not None:
+            torch.set_num_threads(cfg.run.cpu_threads)
         torch.manual_seed(cfg.train.seed)
         t0 = time.perf_counter()
         self.policy = load_policy(cfg.model, seed=cfg.train.seed)

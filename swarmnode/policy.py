@@ -99,7 +99,8 @@ def load_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
         model = _wrap_lora(model, cfg.lora, seed)  # on CPU still, so the CPU generator seeds it
     model.to(device)
     model.eval()
-    return Policy(model, tokenizer, cfg.name, device, dtype, tokenizer_fingerprint(tokenizer))
+    name = f"tiny-{cfg.tiny.family}" if cfg.name == "tiny" else cfg.name  # peers see the family
+    return Policy(model, tokenizer, name, device, dtype, tokenizer_fingerprint(tokenizer))
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -222,6 +222,8 @@ class Swarm:
         wanted = self.cfg.swarm.min_peers
         deadline = time.monotonic() + self.cfg.swarm.wait_for_peers_s
         live = self._live_peers()
+        if len(live) < wanted:
+            log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
         while len(live) < wanted and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL_S)
             live = self._live_peers()

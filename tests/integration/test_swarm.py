@@ -60,3 +60,4 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
     # the swarm really is heterogeneous: node a's peers include one on another tokenizer
     a_status = a.status()
     assert {p["tokenizer"] for p in a_status["peers"].values()} - {a_status["tokenizer"]}
+    assert sorted(p["model"] for p in a_status["peers"].values()) == ["tiny-llama", "tiny-qwen2"]
