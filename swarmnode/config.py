@@ -135,6 +135,33 @@ class TrainConfig(_Strict):
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 
 
+class OffPolicyConfig(_Strict):
+    """Correction for data not sampled by the current weights, chosen per source (see offpolicy.py)."""
+
+    local: Literal["none", "tis", "icepop", "remix"] = Field(
+        "tis", description="This node's own rollouts (corrects sampler/learner mismatch and staleness)."
+    )
+    peer: Literal["none", "tis", "icepop"] = Field(
+        "tis", description="Peers on this tokenizer that ship log-probs (untrusted: truncated or masked)."
+    )
+    foreign: Literal["none", "luffy"] = Field(
+        "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
+    )
+    tis_cap: float = Field(2.0, gt=0, description="tis: largest importance weight C.")
+    icepop_low: float = Field(0.5, gt=0, description="icepop: tokens with pi_old/mu below this are masked.")
+    icepop_high: float = Field(5.0, gt=0, description="icepop: tokens with pi_old/mu above this are masked.")
+    luffy_gamma: float = Field(0.1, gt=0, description="luffy: gamma in the shaping p / (p + gamma).")
+    ess_base: float | None = Field(
+        None, gt=0, le=1, description="Damp the lr by sqrt(min(1, ESS/ess_base)) (VCPO); None = off."
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> OffPolicyConfig:
+        if self.icepop_low >= self.icepop_high:
+            raise ValueError("offpolicy.icepop_low must be below offpolicy.icepop_high")
+        return self
+
+
 class RunConfig(_Strict):
     rounds: int | None = Field(None, ge=0, description="Rounds to run in total (None = until stopped).")
     run_dir: Path = Field(Path("runs/solo"), description="Checkpoints, metrics.jsonl and the node key.")
@@ -173,6 +200,7 @@ class NodeConfig(_Strict):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    offpolicy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
 

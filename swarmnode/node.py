@@ -93,7 +93,12 @@ class Node:
             ref_model = copy.deepcopy(self.policy.model).requires_grad_(False)
         pad_id = self.policy.tokenizer.pad_token_id
         self.trainer = Trainer(
-            self.policy.model, pad_id, cfg.train, temperature=cfg.sampling.temperature, ref_model=ref_model
+            self.policy.model,
+            pad_id,
+            cfg.train,
+            offpolicy=cfg.offpolicy,
+            temperature=cfg.sampling.temperature,
+            ref_model=ref_model,
         )
         self.sampler = make_sampler(cfg.sampling, self.policy)
         if cfg.run.resume:

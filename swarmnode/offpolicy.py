@@ -356,6 +356,8 @@ def correction_for(
         "clip_frac": clip_frac,
         "mask_frac": mask_frac,
         "ess": effective_sample_size(effective, keep),
+        "weight_sum": float(kept_w.sum()),  # with weight_sq_sum: ESS over several micro-batches
+        "weight_sq_sum": float((kept_w**2).sum()),
         "kl_k1": kl_behaviour_k1(old_logp, mu, usable),
     }
     return Correction(

@@ -1,7 +1,10 @@
-"""The learner: one GRPO/DAPO update per round over the kept question groups.
+"""The learner: GRPO/DAPO updates over the kept question groups, with off-policy correction by source.
 
-``Trainer.step`` reads top to bottom: build sequences -> (old log-probs if several updates) ->
-micro-batched loss and backward -> clip -> AdamW step -> bump the policy version.
+``Trainer.step`` reads top to bottom: split sequences by source (own / same-tokenizer peer / foreign
+peer) -> micro-batches -> (old log-probs if several updates) -> per micro-batch: log-probs, the source's
+correction (offpolicy.py), loss summed over tokens, backward -> divide the gradients by the number of
+tokens that counted (known only after icepop's masking, hence after the backward passes) -> clip ->
+(ESS learning-rate damping) -> AdamW step -> bump the policy version.
 """
 
 from __future__ import annotations
@@ -12,25 +15,38 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from swarmnode.batching import TrainSequence, completion_logprobs, microbatches, pad_batch
-from swarmnode.config import TrainConfig
-from swarmnode.grpo import policy_loss
+from swarmnode.batching import PaddedBatch, TrainSequence, completion_logprobs, microbatches, pad_batch
+from swarmnode.config import OffPolicyConfig, TrainConfig
+from swarmnode.offpolicy import corrected_loss, correction_for, ess_lr_scale
 
 
 @dataclass
 class StepStats:
     sequences: int = 0
-    tokens: int = 0
+    tokens: int = 0  # completion tokens that counted in the loss (after masking)
     loss: float = 0.0
     kl: float = 0.0
     clip_low_frac: float = 0.0
     clip_high_frac: float = 0.0
     grad_norm: float = 0.0
+    masked_frac: float = 0.0  # tokens dropped by icepop
+    is_weight_mean: float = 1.0  # importance weights at the start of the update
+    is_weight_max: float = 1.0
+    ess: float = 1.0  # effective sample size of those weights, (sum w)^2 / (n sum w^2)
+    behaviour_kl: float = 0.0  # KL(mu || pi_old), k1 estimate over tokens with behaviour log-probs
+    lr_scale: float = 1.0  # ESS damping applied to the learning rate
     seconds: float = 0.0
     tokens_per_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def source_of(seq: TrainSequence) -> str:
+    """Which correction applies: own rollouts, peers with usable behaviour log-probs, or the rest."""
+    if seq.group is None or seq.group.provenance.source == "local":
+        return "local"
+    return "peer" if seq.behaviour_logprobs is not None else "foreign"
 
 
 class Trainer:
@@ -40,74 +56,131 @@ class Trainer:
         pad_id: int,
         cfg: TrainConfig,
         *,
+        offpolicy: OffPolicyConfig | None = None,
         temperature: float = 1.0,
         ref_model=None,
     ):
         self.model = model
-        self.temperature = temperature
         self.pad_id = pad_id
         self.cfg = cfg
+        self.offpolicy = offpolicy or OffPolicyConfig()
+        self.temperature = temperature
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
         self.device = next(model.parameters()).device
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
         self.policy_version = 0
+
+    def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, PaddedBatch]]:
+        """(correction mode, padded micro-batch) pairs; each micro-batch holds one source."""
+        modes = {
+            "local": self.offpolicy.local,
+            "peer": self.offpolicy.peer,
+            "foreign": self.offpolicy.foreign,
+        }
+        batches = []
+        for source, mode in modes.items():
+            part = [s for s in sequences if source_of(s) == source]
+            for mb in microbatches(part, self.cfg.token_budget):
+                batches.append((mode, pad_batch(mb, self.pad_id, self.device)))
+        return batches
 
     def step(self, sequences: Sequence[TrainSequence]) -> StepStats:
         """``updates_per_round`` optimizer steps over ``sequences``; no-op (version unchanged) if empty."""
         if not sequences:
             return StepStats()
         start = time.perf_counter()
-        batches = [
-            pad_batch(mb, self.pad_id, self.device) for mb in microbatches(sequences, self.cfg.token_budget)
-        ]
-        total_tokens = int(sum(b.completion_mask.sum().item() for b in batches))
+        batches = self._batches(sequences)
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None
-        stats = StepStats(sequences=len(sequences), tokens=total_tokens)
+        off = self.offpolicy
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = kl_sum = 0.0
-            low = high = 0
-            for i, batch in enumerate(batches):
+            sums = dict.fromkeys(
+                ("loss", "kl", "low", "high", "kept", "tokens", "w", "w2", "wmax", "bkl"), 0.0
+            )
+            for i, (mode, batch) in enumerate(batches):
                 logp = completion_logprobs(self.model, batch, self.temperature)
                 old = old_logps[i] if old_logps is not None else logp.detach()
-                terms = policy_loss(
+                correction = correction_for(
+                    mode,
+                    old_logp=old,
+                    behaviour_logp=batch.behaviour_logp,
+                    has_behaviour=batch.has_behaviour,
+                    mask=batch.completion_mask,
+                    tis_cap=off.tis_cap,
+                    icepop_low=off.icepop_low,
+                    icepop_high=off.icepop_high,
+                    luffy_gamma=off.luffy_gamma,
+                )
+                terms = corrected_loss(
+                    correction,
                     logp,
                     old,
                     batch.advantages,
-                    batch.completion_mask,
                     clip_low=self.cfg.clip_low,
                     clip_high=self.cfg.clip_high,
-                    total_tokens=total_tokens,
+                    total_tokens=1,  # token sums; the gradients are divided by the kept count below
                     ref_logp=ref_logps[i] if ref_logps is not None else None,
                     kl_beta=self.cfg.kl_beta,
                 )
                 terms.loss.backward()
-                loss_sum += terms.loss.item()
-                kl_sum += terms.kl_sum
-                low += terms.clipped_low
-                high += terms.clipped_high
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.model.parameters() if p.requires_grad], self.cfg.max_grad_norm
-            )
-            self.optimizer.step()
+                st = correction.stats
+                sums["loss"] += terms.loss.item()
+                sums["kl"] += terms.kl_sum
+                sums["low"] += terms.clipped_low
+                sums["high"] += terms.clipped_high
+                sums["kept"] += st["kept_tokens"]
+                sums["tokens"] += st["tokens"]
+                sums["w"] += st["weight_sum"]
+                sums["w2"] += st["weight_sq_sum"]
+                sums["wmax"] = max(sums["wmax"], st["weight_max"])
+                sums["bkl"] += st["kl_k1"] * st["kept_tokens"]
+            kept = max(sums["kept"], 1.0)
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(kept)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            ess = sums["w"] ** 2 / (kept * sums["w2"]) if sums["w2"] > 0 else 1.0
+            lr_scale = ess_lr_scale(ess, off.ess_base) if off.ess_base is not None else 1.0
+            self._step_with_lr_scale(lr_scale)
             self.policy_version += 1
         self.model.eval()
-        stats.loss = loss_sum
-        stats.kl = kl_sum / max(total_tokens, 1)
-        stats.clip_low_frac = low / max(total_tokens, 1)
-        stats.clip_high_frac = high / max(total_tokens, 1)
-        stats.grad_norm = float(grad_norm)
-        stats.seconds = time.perf_counter() - start
-        stats.tokens_per_s = total_tokens * self.cfg.updates_per_round / max(stats.seconds, 1e-9)
-        return stats
+        seconds = time.perf_counter() - start
+        return StepStats(
+            sequences=len(sequences),
+            tokens=int(sums["kept"]),
+            loss=sums["loss"] / kept,
+            kl=sums["kl"] / kept,
+            clip_low_frac=sums["low"] / kept,
+            clip_high_frac=sums["high"] / kept,
+            grad_norm=float(grad_norm),
+            masked_frac=1.0 - sums["kept"] / max(sums["tokens"], 1.0),
+            is_weight_mean=sums["w"] / kept,
+            is_weight_max=sums["wmax"],
+            ess=ess,
+            behaviour_kl=sums["bkl"] / kept,
+            lr_scale=lr_scale,
+            seconds=seconds,
+            tokens_per_s=sums["kept"] * self.cfg.updates_per_round / max(seconds, 1e-9),
+        )
+
+    def _step_with_lr_scale(self, scale: float) -> None:
+        groups = self.optimizer.param_groups
+        base = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] *= scale
+        self.optimizer.step()
+        for g, lr in zip(groups, base, strict=True):
+            g["lr"] = lr
 
     @torch.no_grad()
     def _frozen_logprobs(self, model, batches) -> list[torch.Tensor]:
         was_training = model.training
         model.eval()
-        out = [completion_logprobs(model, b, self.temperature) for b in batches]
+        out = [completion_logprobs(model, b, self.temperature) for _, b in batches]
         model.train(was_training)
         return out

@@ -1,0 +1,110 @@
+"""The trainer's off-policy correction by source, on a real tiny model and real sampled completions."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from swarmnode.batching import TrainSequence, encode_prompt
+from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig
+from swarmnode.policy import load_policy, state_digest
+from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
+from swarmnode.sampler.hf import HFSampler
+from swarmnode.trainer import Trainer, source_of
+
+TRAIN = TrainConfig(lr=1e-2, token_budget=256)
+
+
+def _group(source: str, fingerprint: str) -> RolloutGroup:
+    provenance = Provenance(
+        source=source, producer="p", policy_version=0, round=1, tokenizer_fingerprint=fingerprint
+    )
+    return RolloutGroup(TaskRef.make("basic_arithmetic", 0, 0), "q", (), (0.0,), (0.0,), (False,), provenance)
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """On-policy sequences: completions with the sampler's behaviour log-probs, alternating advantages."""
+    policy = load_policy(ModelConfig(name="tiny"))
+    prompts = [encode_prompt(policy.tokenizer, q) for q in ("What is 2 + 3?", "Is p or not p true?")]
+    groups = HFSampler(policy.model, policy.tokenizer).sample(
+        prompts, 4, max_new_tokens=10, temperature=1.0, seed=1
+    )
+    local = _group("local", policy.tokenizer_fingerprint)
+    sequences = [
+        TrainSequence(tuple(p), c.token_ids, 1.0 if i % 2 else -1.0, c.logprobs, local)
+        for p, group in zip(prompts, groups, strict=True)
+        for i, c in enumerate(group)
+    ]
+    return policy, sequences
+
+
+def _train(sequences, offpolicy: OffPolicyConfig, updates: int = 1):
+    policy = load_policy(ModelConfig(name="tiny"))  # same seed: identical starting weights every time
+    trainer = Trainer(
+        policy.model, policy.tokenizer.pad_token_id, replace_train(updates), offpolicy=offpolicy
+    )
+    stats = trainer.step(sequences)
+    return state_digest(policy.model), policy.model, stats
+
+
+def replace_train(updates: int) -> TrainConfig:
+    return TRAIN.model_copy(update={"updates_per_round": updates})
+
+
+@pytest.mark.parametrize("mode", ["tis", "icepop", "remix"])
+def test_every_mode_is_plain_grpo_on_on_policy_data(sampled, mode):
+    _, sequences = sampled
+    _, reference, ref_stats = _train(sequences, OffPolicyConfig(local="none"))
+    _, model, stats = _train(sequences, OffPolicyConfig(local=mode))
+    # Gradients, not weights: behaviour and learner log-probs agree to ~1e-5 (two float32 code paths), and
+    # Adam's first step (~lr * sign(g)) would amplify that on parameters whose gradient is ~0.
+    for (name, a), b in zip(reference.named_parameters(), model.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-7), name
+    assert stats.loss == pytest.approx(ref_stats.loss, abs=1e-6)
+    assert stats.masked_frac == 0.0 and stats.ess == pytest.approx(1.0, abs=1e-4)
+    assert stats.is_weight_max == pytest.approx(1.0, abs=1e-3)  # behaviour == learner log-probs
+
+
+def test_sources_are_told_apart(sampled):
+    policy, sequences = sampled
+    seq = sequences[0]
+    peer = replace(seq, group=_group("peer", policy.tokenizer_fingerprint))
+    foreign = replace(seq, group=_group("peer", "other"), behaviour_logprobs=None)
+    assert [source_of(s) for s in (seq, peer, foreign)] == ["local", "peer", "foreign"]
+    assert source_of(replace(seq, group=None)) == "local"
+
+
+def test_poisoned_peer_logprobs_are_truncated_or_masked(sampled):
+    """A peer claims every token was nearly impossible for it (mu = 1e-9): pi_old/mu is huge."""
+    policy, sequences = sampled
+    peer_group = _group("peer", policy.tokenizer_fingerprint)
+    poisoned = [
+        replace(s, group=peer_group, behaviour_logprobs=tuple(-20.7 for _ in s.completion_ids))
+        for s in sequences
+    ]
+    _, _, tis = _train(poisoned, OffPolicyConfig(peer="tis", tis_cap=2.0))
+    assert tis.is_weight_max == pytest.approx(2.0)  # truncated at C
+    _, _, icepop = _train(poisoned, OffPolicyConfig(peer="icepop"))
+    assert icepop.masked_frac == 1.0 and icepop.tokens == 0  # every token out of [0.5, 5]: no update
+    assert icepop.grad_norm == 0.0
+    digest_icepop, _, _ = _train(poisoned, OffPolicyConfig(peer="icepop"))
+    assert digest_icepop == state_digest(load_policy(ModelConfig(name="tiny")).model)  # weights untouched
+    digest_none, _, _ = _train(poisoned, OffPolicyConfig(peer="none"))
+    assert digest_none != digest_icepop  # the same data moves the weights when nothing masks it
+
+
+def test_ess_damps_the_learning_rate(sampled):
+    policy, sequences = sampled
+    peer_group = _group("peer", policy.tokenizer_fingerprint)
+    # half the sequences from a peer whose mu differs a lot: weights spread, ESS < 1
+    skewed = [
+        replace(
+            s, group=peer_group, behaviour_logprobs=tuple(lp - (1.0 if i % 2 else 0.0) for lp in s.behaviour_logprobs)
+        )
+        for i, s in enumerate(sequences)
+    ]
+    _, _, plain = _train(skewed, OffPolicyConfig(peer="tis"))
+    _, _, damped = _train(skewed, OffPolicyConfig(peer="tis", ess_base=1.0))
+    assert plain.ess < 0.99 and plain.lr_scale == 1.0
+    assert damped.lr_scale == pytest.approx(plain.ess**0.5, rel=1e-6)
