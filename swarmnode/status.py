@@ -46,7 +46,7 @@ def format_status(status: dict) -> str:
     age = time.time() - swarm["updated"]
     lines.append(f"peer id {swarm['peer_id']}  swarm {swarm['swarm_id']}  (updated {age:.0f}s ago)")
     lines.extend(f"  listening on {addr}" for addr in swarm["addrs"])
-    lines.append(f"peers ({len(swarm['peers'])}):")
+    lines.append(f"peers in the roster: {len(swarm['peers'])}, libp2p connections: {swarm['connected']}")
     for peer, info in swarm["peers"].items():
         flag = "  BANNED" if info["banned"] else ""
         lines.append(

@@ -370,6 +370,7 @@ class Swarm:
             "policy_version": policy_version,
             "model": self.policy.name,
             "tokenizer": self.policy.tokenizer_fingerprint,
+            "connected": self.transport.connected_peer_count(),
             "updated": now,
             "peers": {
                 peer: {
