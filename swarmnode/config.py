@@ -162,6 +162,18 @@ class OffPolicyConfig(_Strict):
         return self
 
 
+class ReplayConfig(_Strict):
+    """Reuse of this node's own recent groups; off unless groups_per_round > 0."""
+
+    groups_per_round: int = Field(
+        0, ge=0, description="Own older groups replayed next to fresh ones per round."
+    )
+    capacity: int = Field(64, gt=0, description="Groups kept for replay (oldest evicted).")
+    max_staleness: int = Field(
+        2, ge=1, description="Policy versions a group may lag the learner and still be replayed (N)."
+    )
+
+
 class RunConfig(_Strict):
     rounds: int | None = Field(None, ge=0, description="Rounds to run in total (None = until stopped).")
     run_dir: Path = Field(Path("runs/solo"), description="Checkpoints, metrics.jsonl and the node key.")
@@ -201,6 +213,7 @@ class NodeConfig(_Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     offpolicy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
 

@@ -20,6 +20,7 @@ from swarmnode import checkpoint
 from swarmnode.config import ConfigError, NodeConfig
 from swarmnode.identity import load_or_create
 from swarmnode.policy import load_policy, state_digest
+from swarmnode.replay import ReplayBuffer
 from swarmnode.rounds import Exchange, RoundContext, run_round
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
@@ -101,6 +102,9 @@ class Node:
             ref_model=ref_model,
         )
         self.sampler = make_sampler(cfg.sampling, self.policy)
+        self.replay = None
+        if cfg.replay.groups_per_round > 0:
+            self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)
         if cfg.run.resume:
             self._resume()
 
@@ -162,6 +166,7 @@ class Node:
             sampler=self.sampler,
             trainer=self.trainer,
             peer_id=self.peer_id,
+            replay=self.replay,
             exchange=exchange,
         )
         target = self.cfg.run.rounds

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from swarmnode.batching import encode_prompt, to_sequences
 from swarmnode.config import NodeConfig
+from swarmnode.replay import ReplayBuffer
 from swarmnode.rollouts import Provenance, RolloutGroup
 from swarmnode.sampler import Sampler
 from swarmnode.tasks import TaskBank
@@ -29,6 +30,7 @@ class RoundContext:
     sampler: Sampler
     trainer: Trainer
     peer_id: str
+    replay: ReplayBuffer | None = None
     exchange: Exchange | None = None
 
 
@@ -69,7 +71,11 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     t_sample = time.perf_counter()
     external = ctx.exchange(round_, local) if ctx.exchange else []
     t_share = time.perf_counter()
-    groups = local + external
+    replayed = []
+    if ctx.replay is not None:
+        replayed = ctx.replay.sample(ctx.cfg.replay.groups_per_round, ctx.trainer.policy_version)
+        ctx.replay.add(local)
+    groups = local + external + replayed
     sequences = to_sequences(
         groups,
         ctx.policy.tokenizer,
@@ -97,6 +103,8 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         "groups_total": len(groups),
         "groups_local": len(local),
         "groups_external": len(external),
+        "groups_replayed": len(replayed),
+        "replay_dropped_stale": ctx.replay.dropped_stale if ctx.replay is not None else 0,
         "groups_kept": len({id(s.group) for s in sequences}),
         "sampled_tokens": sampled_tokens,
         "sample_tokens_per_s": sampled_tokens / max(t_sample - t0, 1e-9),
