@@ -120,6 +120,7 @@ def join(
             policy=node.policy,
             identity_path=node.identity_path,
             run_dir=node.run_dir,
+            on_status=lambda status: setattr(node.metrics, "swarm", status),
         )
         try:
             addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)

@@ -181,6 +181,10 @@ class RunConfig(_Strict):
     keep_checkpoints: int = Field(3, gt=0, description="Newest checkpoints kept on disk.")
     resume: bool = Field(True, description="Resume from the newest valid checkpoint in run_dir.")
     identity_path: Path | None = Field(None, description="Ed25519 key file (default run_dir/identity.key).")
+    metrics_host: str = Field("127.0.0.1", description="Address of /metrics and /health (0.0.0.0 = all).")
+    metrics_port: int | None = Field(
+        0, ge=0, le=65535, description="Port of /metrics and /health (0 = any free port, None = off)."
+    )
     cpu_threads: int | None = Field(
         None,
         gt=0,

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from swarmnode import checkpoint
 from swarmnode.config import ConfigError, NodeConfig
 from swarmnode.identity import load_or_create
+from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import load_policy, state_digest
 from swarmnode.replay import ReplayBuffer
 from swarmnode.rounds import Exchange, RoundContext, run_round
@@ -107,9 +108,19 @@ class Node:
             self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)
         if cfg.run.resume:
             self._resume()
+        self.metrics = NodeCollector(node_info(self.peer_id, self.policy.name, self.sampler.name))
+        self.metrics_server = None
+        if cfg.run.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
+            self.metrics_server.write_target(
+                self.run_dir, {"peer_id": self.peer_id, "model": self.policy.name}
+            )
+            log(f"metrics at {self.metrics_server.url}/metrics (health: {self.metrics_server.url}/health)")
 
     def close(self) -> None:
-        """Release the run folder (the process exiting does the same)."""
+        """Stop the metrics server and release the run folder (the process exiting does the same)."""
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         self._lock.close()
 
     @property
@@ -185,11 +196,14 @@ class Node:
                 record = run_round(ctx, round_)
                 self.completed_rounds = round_
                 self.runlog.append(record)
+                self.metrics.record = record
+                self.metrics.rounds += 1
                 log(round_line(record))
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
                 if round_ % every == 0 or round_ == target:
                     path = self.save_checkpoint()
+                    self.metrics.checkpoint_time = time.time()
                     log(f"checkpoint {path}")
         finally:
             bar.close()

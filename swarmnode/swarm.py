@@ -30,6 +30,7 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,12 +86,23 @@ class SwarmCounters:
 class Swarm:
     """One node's membership in a swarm; ``exchange`` is the round loop's hook."""
 
-    def __init__(self, cfg: NodeConfig, *, identity, bank, policy, identity_path: Path, run_dir: Path):
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        *,
+        identity,
+        bank,
+        policy,
+        identity_path: Path,
+        run_dir: Path,
+        on_status: Callable[[dict], None] | None = None,
+    ):
         self.cfg = cfg
         self.swarm_id = P.validate_swarm_id(cfg.swarm.swarm_id)
         self.identity = identity
         self.policy = policy
         self.run_dir = run_dir
+        self.on_status = on_status  # e.g. the metrics collector: gets every status written
         self.transport = Transport(identity_path, cfg.swarm)
         self.book = PeerBook()
         self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s)
@@ -402,7 +414,10 @@ class Swarm:
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
+        status = self.status(round_, policy_version)
         path = self.run_dir / "status.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status(round_, policy_version), indent=1))
+        tmp.write_text(json.dumps(status, indent=1))
         os.replace(tmp, path)
+        if self.on_status is not None:
+            self.on_status(status)

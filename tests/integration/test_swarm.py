@@ -61,3 +61,38 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
     a_status = a.status()
     assert {p["tokenizer"] for p in a_status["peers"].values()} - {a_status["tokenizer"]}
     assert sorted(p["model"] for p in a_status["peers"].values()) == ["tiny-llama", "tiny-qwen2"]
+
+
+def test_swarm_status_becomes_metrics(tmp_path, nodes):
+    """The status a real swarm node wrote, as its metrics collector exports it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from swarmnode.metrics import NodeCollector
+
+    a = start_node(tmp_path / "a", *_args("llama", "it-metrics"), "--set", "swarm.min_peers=1")
+    nodes.append(a)
+    nodes.append(start_node(tmp_path / "b", *_args("qwen2", "it-metrics"), "--set", "swarm.min_peers=1",
+                            peers=[a.address()]))  # fmt: skip
+    for node in nodes:
+        assert node.wait(timeout_s=240) == 0, node.output()
+    status = a.status()
+    collector = NodeCollector(
+        {"peer_id": status["peer_id"], "model": "tiny-llama", "backend": "hf", "version": "x"}
+    )
+    collector.swarm = status
+    registry = CollectorRegistry()
+    registry.register(collector)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in family.samples
+    }
+    assert samples[("swarmnode_peers_known", ())] == 1
+    assert samples[("swarmnode_rollout_groups_total", (("event", "published"),))] == 12  # 3 rounds x 4
+    assert (
+        samples[("swarmnode_rollout_groups_total", (("event", "accepted"),))]
+        == status["rollouts"]["groups_accepted"]
+    )
+    assert samples[("swarmnode_rollout_groups_total", (("event", "trained"),))] >= 1
+    assert samples[("swarmnode_peers_banned", ())] == 0

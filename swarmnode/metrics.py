@@ -1,0 +1,193 @@
+"""Prometheus metrics and a health check for one node: ``/metrics`` and ``/health`` over HTTP.
+
+Each node has its own registry (several nodes can share a test process). Metrics are derived at scrape
+time from the node's latest round record, its swarm status and its checkpoint time, through one custom
+collector, so the round loop only hands over what it already computes. Names carry the ``swarmnode_``
+prefix and unit suffixes. The server binds to 127.0.0.1 unless configured otherwise, and the node
+writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``) with its address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from swarmnode import __version__
+
+TARGET_FILE = "prometheus_target.json"
+
+# round-record key -> (metric name, help); all gauges of the last completed round
+ROUND_GAUGES = {
+    "policy_version": ("swarmnode_policy_version", "Policy version (optimizer steps so far)."),
+    "format_rate": ("swarmnode_answer_format_ratio", "Share of local completions using the answer tags."),
+    "sample_tokens_per_s": ("swarmnode_sampling_tokens_per_second", "Sampling throughput, last round."),
+    "train_loss": ("swarmnode_loss", "Policy loss of the last update."),
+    "train_kl": ("swarmnode_kl", "KL to the reference policy per token (0 when off)."),
+    "train_grad_norm": ("swarmnode_grad_norm", "Gradient norm before clipping."),
+    "train_ess": (
+        "swarmnode_importance_ess_ratio",
+        "Effective sample size of the importance weights (0..1).",
+    ),
+    "train_is_weight_mean": ("swarmnode_importance_weight_mean", "Mean importance weight."),
+    "train_is_weight_max": ("swarmnode_importance_weight_max", "Largest importance weight."),
+    "train_masked_frac": ("swarmnode_masked_token_ratio", "Share of tokens masked out of the loss."),
+    "train_behaviour_kl": ("swarmnode_behaviour_kl", "KL(behaviour || learner), k1 estimate."),
+    "groups_kept": ("swarmnode_groups_trained", "Question groups in the last update (nonzero advantage)."),
+}
+PHASES = ("sample", "share", "train", "sync", "total")
+
+
+class NodeCollector:
+    """Turns the node's latest state into metric families at scrape time."""
+
+    def __init__(self, info: dict[str, str]):
+        self.info = info
+        self.rounds = 0
+        self.record: dict | None = None
+        self.swarm: dict | None = None
+        self.checkpoint_time: float | None = None
+        self.started = time.time()
+
+    def collect(self) -> Iterator:
+        yield _info("swarmnode_node", "The node: model, sampler backend, version, peer id.", self.info)
+        rounds = CounterMetricFamily("swarmnode_rounds", "Rounds completed by this process.")
+        rounds.add_metric([], self.rounds)
+        yield rounds
+        if self.checkpoint_time is not None:
+            yield _gauge("swarmnode_checkpoint_timestamp_seconds", "When the last checkpoint was written.",
+                         self.checkpoint_time)  # fmt: skip
+        if self.record is not None:
+            yield from self._round()
+        if self.swarm is not None:
+            yield from self._swarm()
+
+    def _round(self) -> Iterator:
+        r = self.record
+        yield _gauge("swarmnode_round", "Number of the last completed round.", r["round"])
+        for key, (name, doc) in ROUND_GAUGES.items():
+            yield _gauge(name, doc, r[key])
+        reward = GaugeMetricFamily("swarmnode_reward", "Mean reward of the last round.", labels=["source"])
+        reward.add_metric(["local"], r["reward_mean"])
+        reward.add_metric(["external"], r["reward_external_mean"])
+        yield reward
+        by_task = GaugeMetricFamily("swarmnode_task_reward", "Mean local reward per task.", labels=["task"])
+        for task, value in r["reward_by_task"].items():
+            by_task.add_metric([task], value)
+        yield by_task
+        groups = GaugeMetricFamily("swarmnode_round_groups", "Groups in the last round.", labels=["source"])
+        for source in ("local", "external", "replayed"):
+            groups.add_metric([source], r[f"groups_{source}"])
+        yield groups
+        phase = GaugeMetricFamily(
+            "swarmnode_round_phase_seconds", "Last round's time by phase.", labels=["phase"]
+        )
+        for name in PHASES:
+            phase.add_metric([name], r[f"seconds_{name}"])
+        yield phase
+        clip = GaugeMetricFamily("swarmnode_clip_ratio", "Share of tokens clipped.", labels=["side"])
+        clip.add_metric(["low"], r["train_clip_low_frac"])
+        clip.add_metric(["high"], r["train_clip_high_frac"])
+        yield clip
+
+    def _swarm(self) -> Iterator:
+        s = self.swarm
+        peers = s["peers"].values()
+        yield _gauge("swarmnode_peers_known", "Peers in the swarm roster.", len(s["peers"]))
+        yield _gauge("swarmnode_peers_connected", "Peers with a libp2p connection.", s["connected"])
+        yield _gauge("swarmnode_peers_banned", "Peers banned right now.", sum(p["banned"] for p in peers))
+        rollouts = CounterMetricFamily(
+            "swarmnode_rollout_groups", "Question groups by what happened to them.", labels=["event"]
+        )
+        for event in ("published", "accepted", "trained"):
+            rollouts.add_metric([event], s["rollouts"][f"groups_{event}"])
+        yield rollouts
+        batches = CounterMetricFamily("swarmnode_rollout_batches", "Rollout batches.", labels=["event"])
+        batches.add_metric(["published"], s["rollouts"]["batches_published"])
+        batches.add_metric(["received"], s["rollouts"]["batches_received"])
+        yield batches
+        rejected = CounterMetricFamily(
+            "swarmnode_rejected", "Peer messages rejected, by reason.", labels=["reason"]
+        )
+        for reason, count in s["rejected"].items():
+            rejected.add_metric([reason], count)
+        yield rejected
+        failed = CounterMetricFamily(
+            "swarmnode_fetch_failures", "Payload pulls that failed.", labels=["reason"]
+        )
+        for reason, count in s["fetch_failures"].items():
+            failed.add_metric([reason], count)
+        yield failed
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], float(value))
+    return family
+
+
+def _info(name: str, doc: str, labels: dict[str, str]) -> InfoMetricFamily:
+    family = InfoMetricFamily(name, doc)
+    family.add_metric([], labels)
+    return family
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # scrapes every few seconds would flood the node's log
+        pass
+
+
+class MetricsServer:
+    """``/metrics`` (Prometheus text format) and ``/health`` (JSON) in a daemon thread."""
+
+    def __init__(self, collector: NodeCollector, host: str, port: int):
+        self.collector = collector
+        self.registry = CollectorRegistry()
+        self.registry.register(collector)
+        ProcessCollector(registry=self.registry, namespace="swarmnode")  # RSS, CPU, open fds
+        self._server: WSGIServer = make_server(host, port, self._app, handler_class=_QuietHandler)
+        self.host, self.port = host, self._server.server_port
+        threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _app(self, environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
+        elif path == "/health":
+            c = self.collector
+            health = {"status": "ok", "rounds": c.rounds, "uptime_s": round(time.time() - c.started, 1)}
+            health["round"] = c.record["round"] if c.record else None
+            body, ctype = json.dumps(health).encode(), "application/json"
+        else:
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"see /metrics and /health\n"]
+        start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def write_target(self, run_dir: Path, labels: dict[str, str]) -> Path:
+        """A Prometheus ``file_sd_configs`` entry for this node, replaced atomically."""
+        path = run_dir / TARGET_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": [f"{self.host}:{self.port}"], "labels": labels}]))
+        os.replace(tmp, path)
+        return path
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def node_info(peer_id: str, model: str, backend: str) -> dict[str, str]:
+    return {"peer_id": peer_id, "model": model, "backend": backend, "version": __version__}
