@@ -117,13 +117,18 @@ class NodeCollector:
         rejected = CounterMetricFamily(
             "swarmnode_rejected", "Peer messages rejected, by reason.", labels=["reason"]
         )
-        for reason, count in s["rejected"].items():
+        # Every known reason is exported from 0 (not only those seen so far), so that rate() and the
+        # reject-rate alert have a series on a healthy node and the first rejection counts as an increase.
+        from swarmnode.transport import FETCH_FAILURE_REASONS  # swarm nodes have these loaded already
+        from swarmnode.verify import ALL_REASONS
+
+        for reason, count in {**dict.fromkeys(ALL_REASONS, 0), **s["rejected"]}.items():
             rejected.add_metric([reason], count)
         yield rejected
         failed = CounterMetricFamily(
             "swarmnode_fetch_failures", "Payload pulls that failed.", labels=["reason"]
         )
-        for reason, count in s["fetch_failures"].items():
+        for reason, count in {**dict.fromkeys(FETCH_FAILURE_REASONS, 0), **s["fetch_failures"]}.items():
             failed.add_metric([reason], count)
         yield failed
 

@@ -1,0 +1,473 @@
+"""monitoring/ and docker/: the Prometheus config and alert rules, the Grafana dashboard, the compose file.
+
+The main test runs a real Prometheus on 127.0.0.1 that discovers, through file_sd target files linked into
+a targets folder (as monitoring/prometheus.yml documents), an in-process solo node and a two-node swarm of
+`swarmnode join` subprocesses, and then evaluates every PromQL expression of the dashboard and of the
+alert rules against what it scraped. Prometheus is the Debian package `prometheus` (prometheus + promtool);
+the tests that need it are skipped without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swarmnode.config import load_config
+from tests.integration.swarm_procs import start_node
+
+REPO = Path(__file__).resolve().parents[2]
+MONITORING = REPO / "monitoring"
+PROMETHEUS_YML = MONITORING / "prometheus.yml"
+ALERTS_YML = MONITORING / "alerts.yml"
+DASHBOARD = MONITORING / "grafana" / "dashboards" / "swarmnode.json"
+COMPOSE = REPO / "docker" / "compose.yaml"
+
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="prometheus/promtool not installed (Debian package `prometheus`)",
+)
+
+SCRAPE_S = 1  # the test's scrape interval (monitoring/prometheus.yml uses 5 s)
+# Grafana's built-in interval variables, replaced by a window that holds several test scrapes.
+GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
+
+
+# ---------------------------------------------------------------- expressions in the dashboard and alerts
+
+
+def _dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def _all_panels(panels: list[dict]) -> list[dict]:
+    out = []
+    for panel in panels:
+        out.append(panel)
+        out.extend(_all_panels(panel.get("panels", [])))  # panels inside collapsed rows
+    return out
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    """(panel title, PromQL with template variables substituted) for every panel target."""
+    exprs = []
+    for panel in _all_panels(_dashboard()["panels"]):
+        for target in panel.get("targets", []):
+            exprs.append((panel["title"], substitute(target["expr"])))
+    return exprs
+
+
+def substitute(expr: str) -> str:
+    """Grafana interval variables -> a fixed window; every other variable ($x, ${x}, ${x:fmt}, [[x]]) ->
+    `.*`, the dashboard's "All" value, which matches every label value."""
+    for name, value in GRAFANA_INTERVALS.items():
+        expr = expr.replace(name, value)
+    return re.sub(r"\$\{[^}]+\}|\$\w+|\[\[\w+\]\]", ".*", expr)
+
+
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(ALERTS_YML.read_text())["groups"] for rule in group["rules"]]
+
+
+def _split_top_level(expr: str, words: tuple[str, ...]) -> list[str]:
+    """Split at set operators (and/or/unless) outside parentheses, braces, brackets and strings."""
+    parts, depth, quote, start, i = [], 0, "", 0, 0
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'`":
+            quote = c
+        elif c in "({[":
+            depth += 1
+        elif c in ")}]":
+            depth -= 1
+        elif depth == 0:
+            m = re.match(r"\b({})\b".format("|".join(words)), expr[i:])
+            if m and (i == 0 or not (expr[i - 1].isalnum() or expr[i - 1] == "_")):
+                parts.append(expr[start:i])
+                i += m.end()
+                start = i
+                continue
+        i += 1
+    parts.append(expr[start:])
+    return [p.strip() for p in parts]
+
+
+_TRAILING_COMPARISON = re.compile(r"\s*(==|!=|<=|>=|<|>)\s*(bool\s+)?[-+*/0-9.e\s()]+$")
+
+
+def alert_probe_exprs(expr: str) -> list[str]:
+    """The parts of an alert expression that must return data on a healthy, running swarm.
+
+    An alert expression is only non-empty while the alert fires, so we check what it compares instead:
+    the expression is split at its top-level set operators (`and`, `or`, `unless`), and each operand loses
+    a trailing comparison with a number (`> 0.5`, `== 0`, `> 1048576 / 60`). What remains (`up`,
+    `deriv(...)`, the reject ratio, `time() - checkpoint time`) must return a series for every node that
+    exports the metric; the full expression is separately checked to parse and evaluate.
+    """
+    return [_TRAILING_COMPARISON.sub("", part) for part in _split_top_level(expr, ("and", "or", "unless"))]
+
+
+def test_alert_probes_strip_only_the_comparison():
+    assert alert_probe_exprs("up == 0") == ["up"]
+    assert alert_probe_exprs("deriv(m[30m]) > 1048576 / 60") == ["deriv(m[30m])"]
+    assert alert_probe_exprs('(a{x="and"} / b) > 0.5\nand\nsum by (i) (c) > 0.01') == [
+        '(a{x="and"} / b)',
+        "sum by (i) (c)",
+    ]
+    assert substitute('rate(m{peer_id=~"$node", task=~"${task}"}[$__rate_interval])') == (
+        'rate(m{peer_id=~".*", task=~".*"}[1m])'
+    )
+
+
+# ---------------------------------------------------------------- the dashboard's structure
+
+
+def test_dashboard_structure():
+    """A hand-written structural check in the spirit of a JSON schema (Grafana publishes no JSON schema for
+    dashboards that a test could load offline): the fields Grafana needs to import and render it."""
+    d = _dashboard()
+    assert isinstance(d["uid"], str) and re.fullmatch(r"[A-Za-z0-9_-]{1,40}", d["uid"])
+    assert isinstance(d["title"], str) and d["title"]
+    assert isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    assert set(d["time"]) == {"from", "to"}
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert (
+        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    )
+    for name, metric in (("node", "swarmnode_node_info"), ("task", "swarmnode_task_reward")):
+        var = variables[name]
+        assert var["type"] == "query" and var["includeAll"] and var["multi"] and var["allValue"] == ".*"
+        assert (
+            var["definition"].startswith(f"label_values({metric}")
+            and var["query"]["query"] == var["definition"]
+        )
+    panels = _all_panels(d["panels"])
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    known_types = {"row", "timeseries", "stat", "table", "gauge", "bargauge", "text", "piechart"}
+    expr_vars = set()
+    for p in panels:
+        assert p["type"] in known_types, p["title"]
+        assert isinstance(p.get("title"), str) and p["title"]
+        g = p["gridPos"]
+        assert all(isinstance(g[k], int) and g[k] >= 0 for k in ("x", "y", "w", "h")), p["title"]
+        assert 0 < g["w"] and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        if p["type"] == "row":
+            continue
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert p["targets"] and len(refs) == len(set(refs)), p["title"]
+        for t in p["targets"]:
+            assert isinstance(t["expr"], str) and t["expr"].strip(), p["title"]
+            assert t["expr"].count("(") == t["expr"].count(")"), p["title"]
+            expr_vars |= set(re.findall(r"\$(\w+)", t["expr"]))
+    builtins = {name[1:] for name in GRAFANA_INTERVALS}
+    assert expr_vars - builtins <= set(variables), "an expression uses an undefined template variable"
+    # the panels the dashboard promises
+    titles = {p["title"] for p in panels}
+    exprs = " ".join(t["expr"] for p in panels for t in p.get("targets", []))
+    for metric in (
+        "swarmnode_rounds_total", "swarmnode_reward", "swarmnode_task_reward",
+        "swarmnode_answer_format_ratio", "swarmnode_sampling_tokens_per_second",
+        "swarmnode_round_phase_seconds", "swarmnode_loss",
+        "swarmnode_kl", "swarmnode_clip_ratio", "swarmnode_importance_weight_mean",
+        "swarmnode_importance_ess_ratio", "swarmnode_policy_version",
+        "swarmnode_checkpoint_timestamp_seconds",
+        "swarmnode_process_resident_memory_bytes", "swarmnode_peers_known", "swarmnode_peers_connected",
+        "swarmnode_peers_banned", "swarmnode_rollout_groups_total", "swarmnode_rejected_total",
+        "swarmnode_fetch_failures_total",
+    ):  # fmt: skip
+        assert metric in exprs, metric
+    assert {"Node", "Swarm"} <= titles
+
+
+def test_dashboard_decodes_with_grafana_foundation_sdk():
+    """Grafana's own Python model of dashboards (grafana-foundation-sdk, generated from Grafana's schemas)
+    decodes the file: every panel and variable, every target as a Prometheus query with its expr. The SDK
+    decodes rather than validates, so the structural test above stays the main check."""
+    sdk = pytest.importorskip("grafana_foundation_sdk", reason="grafana-foundation-sdk not installed")
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models import dashboard as gdash
+    from grafana_foundation_sdk.models import prometheus as gprom
+
+    assert sdk
+    register_default_plugins()
+    raw = _dashboard()
+    model = gdash.Dashboard.from_json(raw)
+    assert model.uid == raw["uid"] and model.title == raw["title"]
+    assert len(model.panels) == len(raw["panels"])
+    assert [v.name for v in model.templating.list_val] == [v["name"] for v in raw["templating"]["list"]]
+    for decoded, panel in zip(model.panels, raw["panels"], strict=True):
+        if panel["type"] == "row":
+            assert isinstance(decoded, gdash.RowPanel)
+            continue
+        assert isinstance(decoded, gdash.Panel) and decoded.type_val == panel["type"]
+        assert [t.expr for t in decoded.targets] == [t["expr"] for t in panel["targets"]]
+        assert all(isinstance(t, gprom.Dataquery) for t in decoded.targets)
+
+
+# ---------------------------------------------------------------- promtool
+
+
+@needs_prometheus
+def test_promtool_checks_config_and_rules():
+    rules = subprocess.run(["promtool", "check", "rules", str(ALERTS_YML)], capture_output=True, text=True)
+    assert rules.returncode == 0, rules.stdout + rules.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in rules.stdout
+    config = subprocess.run(
+        ["promtool", "check", "config", str(PROMETHEUS_YML)], capture_output=True, text=True
+    )
+    assert config.returncode == 0, config.stdout + config.stderr  # missing target files are only warnings
+
+
+# ---------------------------------------------------------------- a real Prometheus scraping real nodes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    def __init__(self, work: Path, target_files: list[Path]):
+        targets = work / "targets"
+        targets.mkdir(parents=True)
+        for i, path in enumerate(target_files):  # the documented way: link each node's file into targets/
+            (targets / f"node{i}.json").symlink_to(path)
+        config = yaml.safe_load(PROMETHEUS_YML.read_text())
+        config["global"].update(
+            scrape_interval=f"{SCRAPE_S}s", scrape_timeout=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s"
+        )
+        config["rule_files"] = [str(ALERTS_YML)]
+        [job] = config["scrape_configs"]
+        job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
+        self.config_path = work / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.port = _free_port()
+        self.log_path = work / "prometheus.log"
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    "prometheus",
+                    f"--config.file={self.config_path}",
+                    f"--storage.tsdb.path={work / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()[-3000:]
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "prometheus exited:\n" + self.log()
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            time.sleep(0.3)
+        raise AssertionError(f"prometheus not ready within {timeout_s}s:\n" + self.log())
+
+    def query(self, expr: str) -> dict:
+        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:  # 400 for a parse error, with a JSON body
+            return json.loads(e.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def _wait_for_file(path: Path, proc, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"node exited before writing {path}:\n{proc.output()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} not written within {timeout_s}s" + (proc.output() if proc else ""))
+        time.sleep(0.2)
+
+
+def _swarm_args(swarm_id: str) -> list[str]:
+    return [
+        "--config", "node_configs/tiny.yaml",
+        "--rounds", "1000",  # kept running until the test stops them (SIGINT, by pid)
+        "--set", f"swarm.swarm_id={swarm_id}",
+        "--set", "swarm.min_peers=1",
+        "--set", "swarm.share_deadline_s=3",
+        "--set", "swarm.wait_for_peers_s=60",
+        "--set", "swarm.external_per_round=4",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory):
+    """Prometheus scraping a solo node (in-process) and a two-node swarm (subprocesses), all running."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed (Debian package `prometheus`)")
+    from swarmnode.node import Node
+
+    work = tmp_path_factory.mktemp("monitoring")
+    procs, node, prom = [], None, None
+    try:
+        a = start_node(work / "a", *_swarm_args("it-monitoring"))
+        procs.append(a)
+        procs.append(start_node(work / "b", *_swarm_args("it-monitoring"), peers=[a.address()]))
+        cfg = load_config(
+            REPO / "node_configs" / "tiny.yaml",
+            {"run.run_dir": str(work / "solo"), "run.rounds": 2, "run.metrics_port": 0},
+        )
+        node = Node(cfg)
+        node.run()  # its metrics server keeps serving until node.close()
+        target_files = [node.run_dir / "prometheus_target.json"]
+        for p in procs:
+            _wait_for_file(p.run_dir / "prometheus_target.json", p, timeout_s=90)
+            target_files.append(p.run_dir / "prometheus_target.json")
+        for p in procs:  # a finished round with a swarm exchange: round and swarm metrics exist
+            _wait_for_file(p.run_dir / "status.json", p, timeout_s=90)
+        prom = Prometheus(work / "prometheus", target_files)
+        prom.wait_ready()
+        yield prom, node, procs
+    finally:
+        if prom is not None:
+            prom.stop()
+        for p in procs:
+            p.stop()
+        if node is not None:
+            node.close()
+
+
+def _wait_until(prom: Prometheus, exprs: list[str], timeout_s: float) -> dict[str, dict]:
+    """Evaluate until every expression returns data or the time is up; the last answer of each."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answers = {e: prom.query(e) for e in exprs}
+        missing = [e for e, a in answers.items() if a.get("status") != "success" or not a["data"]["result"]]
+        if not missing or time.monotonic() > deadline:
+            return answers
+        time.sleep(SCRAPE_S)
+
+
+@needs_prometheus
+def test_prometheus_scrapes_every_node_and_every_expression_returns_data(scraped):
+    prom, node, procs = scraped
+    n_targets = 1 + len(procs)
+    # every target scraped, up, at least 3 times (rate() and deriv() need 2 samples in their window)
+    ready = (
+        f'count(up{{job="swarmnode"}} == 1) == {n_targets} '
+        f'and on() count(count_over_time(up{{job="swarmnode"}}[1m]) >= 3) == {n_targets} '
+        f"and on() count(swarmnode_peers_known) == {len(procs)}"
+    )
+    answer = _wait_until(prom, [ready], timeout_s=60)[ready]
+    assert answer["data"]["result"], (
+        "not every target scraped 3 times: "
+        + json.dumps(prom.query('up{job="swarmnode"}')["data"])
+        + "\n"
+        + prom.log()
+    )
+    peers = {r["metric"]["peer_id"] for r in prom.query("swarmnode_node_info")["data"]["result"]}
+    assert node.peer_id in peers and len(peers) == n_targets
+
+    checks: list[tuple[str, str]] = [(f"dashboard: {title}", e) for title, e in dashboard_exprs()]
+    # the template variables' own queries, as /api/v1/series would answer label_values(METRIC, label)
+    for var in _dashboard()["templating"]["list"]:
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var.get("definition", ""))
+        if m:
+            checks.append((f"variable {var['name']}", substitute(m.group(1))))
+    for rule in alert_rules():
+        full = prom.query(rule["expr"])
+        assert full["status"] == "success", (rule["alert"], full)
+        checks += [(f"alert {rule['alert']}", probe) for probe in alert_probe_exprs(rule["expr"])]
+
+    answers = _wait_until(prom, [e for _, e in checks], timeout_s=30)
+    failures = [
+        f"{where}: {expr} -> {answers[expr].get('error') or 'no data'}"
+        for where, expr in checks
+        if answers[expr].get("status") != "success" or not answers[expr]["data"]["result"]
+    ]
+    assert not failures, "\n".join(failures)
+    # the selectors really matched the nodes: per-task reward from the solo node, swarm data from both
+    tasks = {r["metric"]["task"] for r in prom.query("swarmnode_task_reward")["data"]["result"]}
+    assert tasks <= {"propositional_logic", "basic_arithmetic"} and tasks
+    reasons = prom.query("swarmnode_rejected_total")["data"]["result"]
+    assert {r["metric"]["peer_id"] for r in reasons} == {p.status()["peer_id"] for p in procs}
+    # the rule files loaded into Prometheus: all alerts known, none firing on a healthy swarm
+    rules = json.loads(urllib.request.urlopen(prom.url + "/api/v1/rules", timeout=10).read())["data"]
+    loaded = {r["name"]: r for g in rules["groups"] for r in g["rules"]}
+    assert set(loaded) == {r["alert"] for r in alert_rules()}
+    assert all(r["health"] == "ok" for r in loaded.values()), loaded
+    assert not [r for r in loaded.values() if r["state"] == "firing"]
+
+
+# ---------------------------------------------------------------- docker/
+
+
+def test_compose_references_existing_files():
+    """docker/ cannot be built here (no engine): check the compose file's references instead."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert {"node-a", "node-b", "prometheus", "grafana"} <= set(services)
+    base = COMPOSE.parent
+    for name, service in services.items():
+        build = service.get("build")
+        if build:
+            context = (base / build["context"]).resolve()
+            assert (context / build["dockerfile"]).is_file(), name
+            assert (context / "pyproject.toml").is_file(), name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (base / source).exists(), f"{name}: {source}"
+            else:
+                assert source in compose["volumes"], f"{name}: volume {source}"
+    # the node run folders compose uses are the ones prometheus.yml lists for compose
+    [job] = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
+    prom_files = {f for sd in job["file_sd_configs"] for f in sd["files"]}
+    for name in ("node-a", "node-b"):
+        assert f"/runs/{name}/prometheus_target.json" in prom_files
+        assert f"/runs/{name}" in json.dumps(services[name])
+    bases = {
+        "Dockerfile.cpu": "python:3.11-slim",
+        "Dockerfile.cuda": "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04",
+    }
+    for dockerfile, image in bases.items():
+        text = (base / dockerfile).read_text()
+        assert re.findall(r"^FROM (\S+)", text, re.M) == [image]
+        assert "torch==2.13.0" in text and "COPY swarmnode ./swarmnode" in text
+    grafana_provisioning = MONITORING / "grafana" / "provisioning"
+    ds = yaml.safe_load((grafana_provisioning / "datasources" / "prometheus.yaml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+    dash = yaml.safe_load((grafana_provisioning / "dashboards" / "swarmnode.yaml").read_text())
+    mounted = [v for v in services["grafana"]["volumes"] if "grafana/dashboards" in v][0]
+    assert dash["providers"][0]["options"]["path"] == mounted.split(":")[1]
