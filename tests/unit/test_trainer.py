@@ -98,11 +98,10 @@ def test_ess_damps_the_learning_rate(sampled):
     policy, sequences = sampled
     peer_group = _group("peer", policy.tokenizer_fingerprint)
     # half the sequences from a peer whose mu differs a lot: weights spread, ESS < 1
+    shift = [1.0 if i % 2 else 0.0 for i in range(len(sequences))]
     skewed = [
-        replace(
-            s, group=peer_group, behaviour_logprobs=tuple(lp - (1.0 if i % 2 else 0.0) for lp in s.behaviour_logprobs)
-        )
-        for i, s in enumerate(sequences)
+        replace(s, group=peer_group, behaviour_logprobs=tuple(lp - d for lp in s.behaviour_logprobs))
+        for s, d in zip(sequences, shift, strict=True)
     ]
     _, _, plain = _train(skewed, OffPolicyConfig(peer="tis"))
     _, _, damped = _train(skewed, OffPolicyConfig(peer="tis", ess_base=1.0))
