@@ -9,6 +9,7 @@ and exit with status 2; nothing else is caught here.
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -137,13 +138,25 @@ def join(
 
 
 @app.command()
-def status(run_dir: RunDirOpt = None, config: ConfigOpt = None, set_: SetOpt = None):
+def status(
+    run_dir: RunDirOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every 2 s until Ctrl-C.")] = False,
+):
     """Show a node's peers, rounds, rollouts sent/received/accepted/rejected by reason, and bans."""
     with _boundary():
         cfg = _config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
         from swarmnode.status import format_status, read_status
 
-        typer.echo(format_status(read_status(Path(cfg.run.run_dir))))
+        folder = Path(cfg.run.run_dir)
+        if not watch:
+            typer.echo(format_status(read_status(folder)))
+            return
+        while True:
+            # clear the screen, then draw (color=True: click would strip the escape codes off a pipe)
+            typer.echo("\x1b[2J\x1b[H" + format_status(read_status(folder)), color=True)
+            time.sleep(2.0)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,12 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from swarmnode import __version__
@@ -65,6 +71,10 @@ class NodeCollector:
         if self.checkpoint_time is not None:
             yield _gauge("swarmnode_checkpoint_timestamp_seconds", "When the last checkpoint was written.",
                          self.checkpoint_time)  # fmt: skip
+        torch = sys.modules.get("torch")  # the node has it loaded; never import it just for a scrape
+        if torch is not None and torch.cuda.is_available():
+            yield _gauge("swarmnode_gpu_memory_allocated_bytes", "GPU memory held by tensors (device 0).",
+                         torch.cuda.memory_allocated())  # fmt: skip
         if self.record is not None:
             yield from self._round()
         if self.swarm is not None:
@@ -101,6 +111,14 @@ class NodeCollector:
     def _swarm(self) -> Iterator:
         s = self.swarm
         peers = s["peers"].values()
+        arrival = HistogramMetricFamily(
+            "swarmnode_publish_to_arrival_seconds",
+            "From a peer's signed announcement to its batch verified here.",
+        )
+        a = s["arrival_s"]
+        buckets = [(bound, count) for bound, count in a["buckets"].items()] + [("+Inf", a["count"])]
+        arrival.add_metric([], buckets, a["sum"])
+        yield arrival
         yield _gauge("swarmnode_peers_known", "Peers in the swarm roster.", len(s["peers"]))
         yield _gauge("swarmnode_peers_connected", "Peers with a libp2p connection.", s["connected"])
         yield _gauge("swarmnode_peers_banned", "Peers banned right now.", sum(p["banned"] for p in peers))

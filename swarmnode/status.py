@@ -59,6 +59,11 @@ def format_status(status: dict) -> str:
         f"received {r['batches_received']} batches, accepted {r['groups_accepted']} groups, "
         f"trained on {r['groups_trained']}"
     )
+    arrival = swarm["arrival_s"]
+    if arrival["count"]:
+        lines.append(
+            f"peer batches arrive {arrival['sum'] / arrival['count']:.2f}s after announcement (mean)"
+        )
     rejected = swarm["rejected"]
     lines.append("rejected: " + (", ".join(f"{k} {v}" for k, v in rejected.items()) if rejected else "none"))
     for ban in swarm["bans"]:

@@ -72,6 +72,26 @@ class PooledGroup:
     arrived_round: int  # our round when it arrived: the freshness tier
 
 
+ARRIVAL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class ArrivalHistogram:
+    """Seconds from a peer's signed announcement to its batch verified here (cumulative buckets)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(ARRIVAL_BUCKETS_S))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)  # clocks agree only within a few seconds
+        for i, bound in enumerate(ARRIVAL_BUCKETS_S):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.total += seconds
+        self.n += 1
+
+
 @dataclass
 class SwarmCounters:
     batches_published: int = 0
@@ -81,6 +101,7 @@ class SwarmCounters:
     groups_trained: int = 0
     duplicate_groups: int = 0
     fetch_failures: Counter = field(default_factory=Counter)
+    arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
 
 
 class Swarm:
@@ -287,6 +308,7 @@ class Swarm:
             groups = self._unseen(self.verifier.check_batch(announcement, data, peer))
             self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
             if groups:
+                self.counters.arrival.observe(time.time() - announcement.timestamp)
                 self._delivered.add(peer)
                 self.counters.groups_accepted += len(groups)
                 self._pool.extend(PooledGroup(g, round_) for g in groups)
@@ -403,6 +425,11 @@ class Swarm:
                 "groups_trained": self.counters.groups_trained,
                 "duplicate_groups": self.counters.duplicate_groups,
                 "groups_pooled": len(self._pool),
+            },
+            "arrival_s": {
+                "buckets": dict(zip(map(str, ARRIVAL_BUCKETS_S), self.counters.arrival.counts, strict=True)),
+                "sum": self.counters.arrival.total,
+                "count": self.counters.arrival.n,
             },
             "rejected": dict(sorted(self.verifier.rejections.items())),
             "fetch_failures": dict(self.counters.fetch_failures),

@@ -404,3 +404,27 @@ def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
         Node(cfg)
     first.close()
     assert Node(cfg).completed_rounds == 0  # free again once the first node is closed
+
+
+def test_status_watch_redraws_until_interrupted(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from swarmnode.config import load_config
+    from swarmnode.node import Node
+
+    cfg = load_config(REPO / "node_configs" / "tiny.yaml", {"run.run_dir": str(tmp_path), "run.rounds": 1})
+    node = Node(cfg)
+    node.run()
+    node.close()
+    cmd = [sys.executable, "-m", "swarmnode.cli", "status", "--watch", "--run-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(5)  # long enough for at least two redraws (every 2 s) after start-up
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    frames = out.split("\x1b[2J\x1b[H")[1:]
+    assert len(frames) >= 2, out
+    assert frames[0].startswith("round 1  policy v") and "solo node" in frames[0]

@@ -96,3 +96,8 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
     )
     assert samples[("swarmnode_rollout_groups_total", (("event", "trained"),))] >= 1
     assert samples[("swarmnode_peers_banned", ())] == 0
+    # every accepted batch's announce-to-verified time is in the histogram, with sane values
+    arrivals = samples[("swarmnode_publish_to_arrival_seconds_count", ())]
+    assert arrivals == status["arrival_s"]["count"] >= 1
+    assert samples[("swarmnode_publish_to_arrival_seconds_bucket", (("le", "+Inf"),))] == arrivals
+    assert 0 <= samples[("swarmnode_publish_to_arrival_seconds_sum", ())] / arrivals < 30
