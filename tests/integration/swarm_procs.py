@@ -15,38 +15,60 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 JOIN_HINT = "swarmnode join --peers "
 
 
-@dataclass
-class NodeProc:
-    run_dir: Path
-    proc: subprocess.Popen
-    lines: list[str] = field(default_factory=list)
-    _queue: queue.Queue = field(default_factory=queue.Queue)
+class LineReader:
+    """Collects a child's output lines in a thread; ``wait_for_line`` waits (bounded) for one."""
 
-    def _pump(self) -> None:
-        for line in self.proc.stderr:
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream) -> None:
+        for line in stream:
             self.lines.append(line.rstrip("\n"))
             self._queue.put(line)
 
-    def wait_for_line(self, needle: str, timeout_s: float) -> str:
+    def wait_for_line(
+        self, match: Callable[[str], bool], timeout_s: float, describe: Callable[[], str]
+    ) -> str:
         deadline = time.monotonic() + timeout_s
         for line in list(self.lines):
-            if needle in line:
+            if match(line):
                 return line
         while time.monotonic() < deadline:
             try:
                 line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 break
-            if needle in line:
+            if match(line):
                 return line
-        raise AssertionError(f"no line containing {needle!r} within {timeout_s}s; output:\n" + self.output())
+        raise AssertionError(f"no matching line within {timeout_s}s: {describe()}")
+
+
+@dataclass
+class NodeProc:
+    run_dir: Path
+    proc: subprocess.Popen
+    reader: LineReader
+
+    @property
+    def lines(self) -> list[str]:
+        return self.reader.lines
+
+    def wait_for_line(self, needle: str, timeout_s: float) -> str:
+        return self.reader.wait_for_line(
+            lambda line: needle in line,
+            timeout_s,
+            lambda: f"node {self.run_dir}, {needle!r}:\n{self.output()}",
+        )
 
     def address(self, timeout_s: float = 90.0) -> str:
         return self.wait_for_line(JOIN_HINT, timeout_s).split(JOIN_HINT, 1)[1].strip()
@@ -99,9 +121,7 @@ def start_node(run_dir: Path, *args: str, peers: list[str] = ()) -> NodeProc:
         text=True,
         env=env,
     )
-    node = NodeProc(run_dir, proc)
-    threading.Thread(target=node._pump, daemon=True).start()
-    return node
+    return NodeProc(run_dir, proc, LineReader(proc.stderr))
 
 
 HOSTILE_SCRIPT = Path(__file__).resolve().parent / "hostile_peer.py"
@@ -114,28 +134,18 @@ class HostileProc:
     attack: str
     proc: subprocess.Popen
     log_path: Path
-    lines: list[str] = field(default_factory=list)
-    _queue: queue.Queue = field(default_factory=queue.Queue)
+    reader: LineReader
 
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._queue.put(line)
+    @property
+    def lines(self) -> list[str]:
+        return self.reader.lines
 
     def wait_for_line(self, prefix: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        for line in list(self.lines):
-            if line.startswith(prefix):
-                return line
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                break
-            if line.startswith(prefix):
-                return line
-        raise AssertionError(
-            f"hostile {self.attack}: no {prefix!r} line within {timeout_s}s\n{self.output()}"
+        """The first line starting with ``prefix`` (the script's markers: READY, DONE, ...)."""
+        return self.reader.wait_for_line(
+            lambda line: line.startswith(prefix),
+            timeout_s,
+            lambda: f"hostile {self.attack}, {prefix!r}:\n{self.output()}",
         )
 
     def report(self, timeout_s: float) -> dict:
@@ -190,6 +200,4 @@ def start_hostile(attack: str, work_dir: Path, swarm_id: str, honest_addr: str) 
             env=env,
             start_new_session=True,  # its own process group, so cleanup can reach its DHT process and p2pd
         )
-    hostile = HostileProc(attack, proc, log_path)
-    threading.Thread(target=hostile._pump, daemon=True).start()
-    return hostile
+    return HostileProc(attack, proc, log_path, LineReader(proc.stdout))
