@@ -88,6 +88,18 @@ def microbatches(sequences: Sequence[TrainSequence], token_budget: int) -> list[
     return batches
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts as one left-padded batch (input ids, attention mask), so generation continues every
+    prompt from the same last position."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
+        attention[row, width - len(prompt) :] = 1
+    return input_ids, attention
+
+
 @dataclass
 class PaddedBatch:
     """Left-padded so every sequence ends at the last position; completions occupy the tail."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from swarmnode import checkpoint as ckpt
-from swarmnode.batching import encode_prompt
+from swarmnode.batching import encode_prompt, left_pad
 from swarmnode.config import ConfigError, NodeConfig
 from swarmnode.policy import load_policy
 from swarmnode.tasks import TaskBank
@@ -19,13 +19,8 @@ def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_si
     tok = policy.tokenizer
     texts = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(chunk):
-            ids[row, width - len(p) :] = torch.tensor(p)
-            mask[row, width - len(p) :] = 1
+        ids, mask = left_pad(prompts[start : start + batch_size], tok.pad_token_id)
+        width = ids.shape[1]
         out = policy.model.generate(
             input_ids=ids.to(policy.device),
             attention_mask=mask.to(policy.device),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
+from swarmnode.batching import left_pad
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
 
@@ -25,12 +26,8 @@ class HFSampler(Sampler):
         self, prompts: Sequence[Sequence[int]], n: int, *, max_new_tokens: int, temperature: float, seed: int
     ) -> list[list[Completion]]:
         device = next(self.model.parameters()).device
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros_like(input_ids)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(list(prompt))
-            attention[row, width - len(prompt) :] = 1
+        input_ids, attention = left_pad(prompts, self.pad_id)
+        width = input_ids.shape[1]
         # Plain temperature sampling (no top-k/top-p) so the recorded log-probs are exactly the
         # behaviour distribution's.
         gen_cfg = GenerationConfig(
