@@ -346,9 +346,12 @@ class Swarm:
         self.publish_roster(round_, policy_version)
         self.publish(round_, policy_version, local)
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s
+        # The peers to wait for are read once: one joining mid-exchange has no batch for it yet, and the
+        # roster is a whole-key DHT get that would otherwise double every poll's cost.
+        live = self._live_peers()
         while True:
-            live = self._live_peers()
             self.poll(round_, deadline)
+            live = {peer for peer in live if not self.book.is_banned(peer)}  # banned meanwhile: stop waiting
             if not live or live <= self._delivered or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
