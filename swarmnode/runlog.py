@@ -16,26 +16,21 @@ class RunLog:
     def __init__(self, run_dir: Path):
         self.path = run_dir / METRICS_FILE
 
+    def _text(self) -> str:
+        return self.path.read_text() if self.path.exists() else ""
+
     def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        records = []
-        for line in self.path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut by a crash ends the log
-        return records
+        return _parse(self._text())
 
     def truncate_after(self, round_: int) -> list[int]:
         """Drop records of rounds after ``round_`` (work the last checkpoint does not contain).
 
         Rewritten atomically; returns the dropped round numbers.
         """
-        records = self.records()
+        text = self._text()
+        records = _parse(text)
         kept = [r for r in records if r["round"] <= round_]
         dropped = [r["round"] for r in records if r["round"] > round_]
-        text = self.path.read_text() if self.path.exists() else ""
         # Also rewrite when a line is cut or the last newline is missing: the next append would
         # otherwise land on the same line as the last record.
         if dropped or len(records) != len(text.splitlines()) or (text and not text.endswith("\n")):
@@ -50,6 +45,16 @@ class RunLog:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _parse(text: str) -> list[dict[str, Any]]:
+    records = []
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by a crash ends the log
+    return records
 
 
 def round_line(record: dict[str, Any]) -> str:
