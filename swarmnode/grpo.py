@@ -36,6 +36,15 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor | None, kl_beta: float) -> 
     return torch.exp(log_r) - log_r - 1.0
 
 
+def kl_penalty(
+    logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, *, kl_beta: float, total_tokens: int
+) -> tuple[torch.Tensor, float]:
+    """kl_beta * sum of k3(pi || ref) over ``mask`` / total_tokens, and the k3 token sum (a float): a KL
+    term to a second reference next to ``policy_loss``'s own (ReMix's KL-convex constraint)."""
+    kl = k3_kl(logp, ref_logp, kl_beta) * mask.to(logp.dtype)
+    return kl_beta * kl.sum() / max(total_tokens, 1), float(kl.detach().sum().item())
+
+
 @dataclass
 class LossTerms:
     """Token sums of one micro-batch; divide by the batch's token count to get means."""

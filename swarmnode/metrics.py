@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -62,6 +63,12 @@ class NodeCollector:
         self.swarm: dict | None = None
         self.checkpoint_time: float | None = None
         self.started = time.time()
+
+    def health(self) -> dict:
+        """The ``/health`` answer."""
+        round_ = self.record["round"] if self.record else None
+        uptime = round(time.time() - self.started, 1)
+        return {"status": "ok", "rounds": self.rounds, "uptime_s": uptime, "round": round_}
 
     def collect(self) -> Iterator:
         yield _info("swarmnode_node", "The node: model, sampler backend, version, peer id.", self.info)
@@ -169,9 +176,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """``/metrics`` (Prometheus text format) and ``/health`` (JSON) in a daemon thread."""
+    """``/metrics`` (Prometheus text format) and ``/health`` (JSON) in a daemon thread.
 
-    def __init__(self, collector: NodeCollector, host: str, port: int):
+    ``collector`` is a NodeCollector or anything else with ``collect()`` and ``health()`` (the bootstrap's).
+    """
+
+    def __init__(self, collector: Any, host: str, port: int):
         self.collector = collector
         self.registry = CollectorRegistry()
         self.registry.register(collector)
@@ -189,10 +199,7 @@ class MetricsServer:
         if path == "/metrics":
             body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
         elif path == "/health":
-            c = self.collector
-            health = {"status": "ok", "rounds": c.rounds, "uptime_s": round(time.time() - c.started, 1)}
-            health["round"] = c.record["round"] if c.record else None
-            body, ctype = json.dumps(health).encode(), "application/json"
+            body, ctype = json.dumps(self.collector.health()).encode(), "application/json"
         else:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"see /metrics and /health\n"]

@@ -102,7 +102,7 @@ class Node:
             temperature=cfg.sampling.temperature,
             ref_model=ref_model,
         )
-        self.sampler = make_sampler(cfg.sampling, self.policy)
+        self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed, log=log)
         self.replay = None
         if cfg.replay.groups_per_round > 0:
             self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)
@@ -136,6 +136,7 @@ class Node:
                 log(f"no valid checkpoint: rounds {dropped[0]}-{dropped[-1]} will run again")
             return
         checkpoint.restore(info, self.policy.model, self.trainer.optimizer)
+        self.sampler.sync_weights()  # a vLLM engine holds its own copy of the weights
         self.trainer.policy_version = info.policy_version
         self.completed_rounds = info.round
         digest = state_digest(self.policy.model, self.trainer.optimizer)
@@ -167,6 +168,23 @@ class Node:
             digest,
             keep=self.cfg.run.keep_checkpoints,
         )
+
+    def _checkpoint(self, final: bool) -> None:
+        """Save a checkpoint. A failed save (disk full, I/O error) leaves the previous checkpoints as they
+        were; the node keeps training and tries again at the next one, except after the last round,
+        where the error ends the run (nothing later would save its result)."""
+        try:
+            path = self.save_checkpoint()
+        except OSError as exc:
+            if final:
+                raise
+            log(
+                f"checkpoint of round {self.completed_rounds} failed ({exc}); the previous checkpoint is "
+                "kept and the next one will be tried in its turn. Free some disk space."
+            )
+            return
+        self.metrics.checkpoint_time = time.time()
+        log(f"checkpoint {path}")
 
     def run(self, exchange: Exchange | None = None) -> None:
         """Run until ``run.rounds`` rounds are complete (forever if None)."""
@@ -202,8 +220,6 @@ class Node:
                 bar.update(1)
                 bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
                 if round_ % every == 0 or round_ == target:
-                    path = self.save_checkpoint()
-                    self.metrics.checkpoint_time = time.time()
-                    log(f"checkpoint {path}")
+                    self._checkpoint(final=round_ == target)
         finally:
             bar.close()

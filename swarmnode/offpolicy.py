@@ -56,14 +56,6 @@ ICEPOP_HIGH = 5.0  # beta: tokens with pi_old/mu above this leave the loss
 LUFFY_GAMMA = 0.1  # gamma in the shaping f(p) = p / (p + gamma)
 BEHAVIOUR_LOGP_FLOOR = -20.0  # lowest behaviour log-prob believed (mu >= 2e-9)
 
-# ReMix schedule constants, for the trainer's replay loop (not used in this module). m and N follow our
-# reading of the paper; p is the value. The trainer's config owns the final numbers.
-REMIX_UTD_RATIO = 2  # m: optimizer updates per batch of fresh rollouts (update-to-data ratio)
-REMIX_HISTORY = 2  # N: replayed data comes from at most the N most recent older policies
-REMIX_REINCARNATION_STEP = 50  # T: step at which the base model is replaced and on-policy training restarts
-REMIX_OFF_POLICY_FRACTION = 0.4  # p: fraction of each training batch drawn from replayed older-policy data
-
-
 # ----------------------------------------------------------------------------------------------------
 # Behaviour log-probs
 

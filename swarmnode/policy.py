@@ -155,6 +155,16 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def bf16_native(device: torch.device) -> bool:
+    """Whether ``device`` computes in bfloat16 natively (CUDA with bf16 support, CPUs with AVX512-BF16 or
+    AMX); elsewhere bf16 is emulated and slower than float32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return False
+
+
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` = bfloat16 on CUDA, float32 on CPU.
 

@@ -38,8 +38,9 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], int]:
-    """This round's local question groups, scored; also returns the number of sampled tokens."""
+def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], int, float]:
+    """This round's local question groups, scored; also returns the number of sampled tokens and the
+    seconds spent scoring."""
     cfg = ctx.cfg
     refs = ctx.bank.draw(round_, cfg.sampling.questions_per_round)
     questions = [ctx.bank.question(ref) for ref in refs]
@@ -59,20 +60,25 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
         model_name=ctx.policy.name,
         tokenizer_fingerprint=ctx.policy.tokenizer_fingerprint,
     )
+    t_score = time.perf_counter()
     groups = [ctx.bank.score_group(q, c, provenance) for q, c in zip(questions, completions, strict=True)]
     tokens = sum(len(c.token_ids or ()) for group in completions for c in group)
-    return groups, tokens
+    return groups, tokens, time.perf_counter() - t_score
 
 
 def run_round(ctx: RoundContext, round_: int) -> dict:
     """Run round ``round_`` and return its metrics record."""
     t0 = time.perf_counter()
-    local, sampled_tokens = sample_local(ctx, round_)
+    local, sampled_tokens, seconds_score = sample_local(ctx, round_)
     t_sample = time.perf_counter()
     external = ctx.exchange(round_, local) if ctx.exchange else []
     t_share = time.perf_counter()
     replayed = []
-    if ctx.replay is not None:
+    reincarnate_after = ctx.cfg.replay.reincarnate_after
+    if reincarnate_after is not None and ctx.trainer.policy_version >= reincarnate_after:
+        if not ctx.trainer.reincarnated:  # after a resume past T too: the reference is the resumed policy
+            ctx.trainer.reincarnate()
+    elif ctx.replay is not None:
         replayed = ctx.replay.sample(ctx.cfg.replay.groups_per_round, ctx.trainer.policy_version)
         ctx.replay.add(local)
     groups = local + external + replayed
@@ -105,10 +111,12 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         "groups_external": len(external),
         "groups_replayed": len(replayed),
         "replay_dropped_stale": ctx.replay.dropped_stale if ctx.replay is not None else 0,
+        "reincarnated": ctx.trainer.reincarnated,
         "groups_kept": len({id(s.group) for s in sequences}),
         "sampled_tokens": sampled_tokens,
-        "sample_tokens_per_s": sampled_tokens / max(t_sample - t0, 1e-9),
-        "seconds_sample": t_sample - t0,
+        "sample_tokens_per_s": sampled_tokens / max(t_sample - t0 - seconds_score, 1e-9),
+        "seconds_sample": t_sample - t0 - seconds_score,
+        "seconds_score": seconds_score,
         "seconds_share": t_share - t_sample,
         "seconds_train": t_train - t_share,
         "seconds_sync": sync_seconds,

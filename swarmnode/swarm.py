@@ -44,6 +44,8 @@ from swarmnode.verify import Verifier
 POLL_INTERVAL_S = 0.5
 MAX_POOL_GROUPS = 512
 MAX_SEEN_GROUPS = 65536  # content digests remembered for dedup (~100 B each)
+MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
+MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so each is logged once
 MAX_FETCH_ATTEMPTS = 2
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
@@ -60,6 +62,14 @@ def texts_digest(group: RolloutGroup) -> str:
 def group_digest(group: RolloutGroup) -> str:
     """Identity of a group's content: its task and its completion texts, whoever sent it."""
     return hashlib.sha256(f"{group.ref.key()}\n{texts_digest(group)}".encode()).hexdigest()
+
+
+def remember(seen: dict, key, cap: int) -> None:
+    """Add ``key`` to an insertion-ordered set (a dict), forgetting the oldest keys beyond ``cap``:
+    everything a node remembers about what peers sent stays bounded however long it runs."""
+    seen[key] = None
+    while len(seen) > cap:
+        del seen[next(iter(seen))]
 
 
 def log(message: str) -> None:
@@ -130,13 +140,15 @@ class Swarm:
         self.counters = SwarmCounters()
         self.addrs: list[str] = []
         self.roster: dict[str, P.RosterCard] = {}
-        self._ignored_peers: set[str] = set()
-        self._pulled: set[bytes] = set()  # payload digests already fetched (accepted or not)
+        self._ignored_peers: dict[str, None] = {}  # see remember()
+        self._pulled: dict[bytes, None] = {}  # payload digests already fetched (accepted or not)
         self._deferred: dict[str, P.BatchAnnouncement] = {}  # verified and new, to pull at the next poll
         self._fetch_attempts: Counter[bytes] = Counter()
         self._seen_groups: dict[str, None] = {}  # insertion-ordered set of group_digest()s
         self._pool: list[PooledGroup] = []
-        self._delivered: set[str] = set()  # peers whose batch arrived since our last exchange
+        # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
+        # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
+        self._settled: set[str] = set()
         self._last_seq = 0
         self._rng = random.Random(identity.peer_id)
         self._trace_path = run_dir / SHARE_TRACE_FILE if os.environ.get(SHARE_TRACE_ENV) == "1" else None
@@ -206,6 +218,7 @@ class Swarm:
             tokenizer_fingerprint=self.policy.tokenizer_fingerprint,
             timestamp=time.time(),
             seq=self._next_seq(),
+            include_logprobs=self.cfg.swarm.share_logprobs,
         )
         data = P.encode_message(self.identity, self.swarm_id, batch)
         announcement = P.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
@@ -235,12 +248,12 @@ class Swarm:
                 )
             except P.ProtocolError as exc:
                 if peer not in self._ignored_peers:
-                    self._ignored_peers.add(peer)
+                    remember(self._ignored_peers, peer, MAX_IGNORED_PEERS)
                     log(f"ignoring peer {peer[:16]}...: roster card rejected ({exc.reason})")
                 continue
             if card.protocol_version != P.PROTOCOL_VERSION:
                 if peer not in self._ignored_peers:
-                    self._ignored_peers.add(peer)
+                    remember(self._ignored_peers, peer, MAX_IGNORED_PEERS)
                     log(f"ignoring peer {peer[:16]}...: speaks protocol v{card.protocol_version}")
                 continue
             self.roster[peer] = card
@@ -248,6 +261,9 @@ class Swarm:
             recent = time.time() - card.timestamp < self._round_ttl_s / 2
             if recent and not self.book.is_banned(peer):
                 live.add(peer)
+        now = time.time()  # a card past its DHT record's lifetime is forgotten: churn must not pile up
+        for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
+            del self.roster[peer]
         return live
 
     def wait_for_peers(self) -> set[str]:
@@ -285,7 +301,7 @@ class Swarm:
             if remaining <= 0:
                 self._deferred[peer] = announcement
                 return
-            self._pulled.add(announcement.payload_sha256)
+            remember(self._pulled, announcement.payload_sha256, MAX_PULLED)
             trace = {
                 "peer": peer, "round": announcement.round, "our_round": round_,
                 "announced_ts": announcement.timestamp, "get_started": t_get, "seen": t_seen,
@@ -304,12 +320,13 @@ class Swarm:
                 self._after_failed_fetch(peer, announcement, exc.reason)
                 continue
             trace["fetched"] = time.time()
+            self._fetch_attempts.pop(announcement.payload_sha256, None)
             self.counters.batches_received += 1
             groups = self._unseen(self.verifier.check_batch(announcement, data, peer))
             self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
+            self._settled.add(peer)
             if groups:
                 self.counters.arrival.observe(time.time() - announcement.timestamp)
-                self._delivered.add(peer)
                 self.counters.groups_accepted += len(groups)
                 self._pool.extend(PooledGroup(g, round_) for g in groups)
         del self._pool[:-MAX_POOL_GROUPS]
@@ -322,8 +339,11 @@ class Swarm:
             self.book.strike(peer, "oversize")
         elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[digest] < MAX_FETCH_ATTEMPTS - 1:
             self._fetch_attempts[digest] += 1
-            self._pulled.discard(digest)
+            self._pulled.pop(digest, None)
             self._deferred[peer] = announcement
+            return
+        self._fetch_attempts.pop(digest, None)
+        self._settled.add(peer)
 
     def _unseen(self, groups: list[RolloutGroup]) -> list[RolloutGroup]:
         """Drop groups whose task and completion texts already arrived (from anyone): the same
@@ -334,10 +354,8 @@ class Swarm:
             if digest in self._seen_groups:
                 self.counters.duplicate_groups += 1
                 continue
-            self._seen_groups[digest] = None
+            remember(self._seen_groups, digest, MAX_SEEN_GROUPS)
             fresh.append(group)
-        while len(self._seen_groups) > MAX_SEEN_GROUPS:
-            self._seen_groups.pop(next(iter(self._seen_groups)))
         return fresh
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
@@ -352,14 +370,14 @@ class Swarm:
         while True:
             self.poll(round_, deadline)
             live = {peer for peer in live if not self.book.is_banned(peer)}  # banned meanwhile: stop waiting
-            if not live or live <= self._delivered or time.monotonic() >= deadline:
+            if not live or live <= self._settled or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
         self._trace(
             "exchange", round=round_, started=t_start, ended=time.time(), live=len(live),
-            delivered=len(live & self._delivered),
+            delivered=len(live & self._settled),
         )  # fmt: skip
-        self._delivered.clear()
+        self._settled.clear()
         chosen = self.select(self.cfg.swarm.external_per_round)
         self.counters.groups_trained += len(chosen)
         self.record_trained(round_, chosen)

@@ -40,11 +40,19 @@ _CHUNK = 4096  # items per constructed dataset: bounds datasets that precompute 
 _MAX_CACHED = 512  # constructed datasets kept (peers' seeds each need their own)
 _RESERVED = ("seed", "size")  # set from the ref, never from the config
 
-# binary_matrix, spiral_matrix and string_insertion call eval() on the answer text to accept answers
-# written as Python lists. Answers come from the model and from untrusted peers' completions, so these
-# modules get a literal-only eval: same scores for list answers, no code execution.
-for _module in ("binary_matrix", "spiral_matrix", "string_insertion"):
-    importlib.import_module(f"reasoning_gym.algorithmic.{_module}").eval = ast.literal_eval
+# binary_matrix, spiral_matrix, string_insertion and n_queens call eval() on the answer text to accept
+# answers written as Python lists. Answers come from the model and from untrusted peers' completions, so
+# these modules get a literal-only eval: same scores for list answers, no code execution.
+for _module in ("algorithmic.binary_matrix", "algorithmic.spiral_matrix", "algorithmic.string_insertion",
+                "games.n_queens"):  # fmt: skip
+    importlib.import_module(f"reasoning_gym.{_module}").eval = ast.literal_eval
+
+# These datasets score an answer by handing its text to sympy's parse_expr, which evaluates it as Python:
+# a completion can run any code on the node that scores it. A swarm node scores its peers' completions,
+# so it refuses them in its mix (swarmnode.verify); solo nodes score only their own model's text.
+CODE_EVAL_SCORERS = frozenset(
+    {"countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"}
+)
 
 DEFAULT_SYSTEM_PROMPT = "Answer the question. Put the final answer inside <answer></answer> tags."
 

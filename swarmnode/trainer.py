@@ -5,6 +5,10 @@ peer) -> micro-batches -> (old log-probs if several updates) -> per micro-batch:
 correction (offpolicy.py), loss summed over tokens, backward -> divide the gradients by the number of
 tokens that counted (known only after icepop's masking, hence after the backward passes) -> clip ->
 (ESS learning-rate damping) -> AdamW step -> bump the policy version.
+
+ReMix's schedule pieces live here too: with ``train.kl_convex`` the KL penalty is split between the
+reference policy (weight lambda(t), ``offpolicy.remix_kl_coef``) and the policy at the start of the round;
+``reincarnate`` makes the current policy the new reference (the round loop calls it at step T).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import torch
 
 from swarmnode.batching import PaddedBatch, TrainSequence, completion_logprobs, microbatches, pad_batch
 from swarmnode.config import OffPolicyConfig, TrainConfig
-from swarmnode.offpolicy import corrected_loss, correction_for, ess_lr_scale
+from swarmnode.grpo import kl_penalty
+from swarmnode.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
+from swarmnode.policy import bf16_native
 
 
 @dataclass
@@ -40,6 +46,14 @@ class StepStats:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+def autocast_dtype(mode: str, device: torch.device, param_dtype: torch.dtype) -> torch.dtype | None:
+    """The learner's forward-pass autocast dtype (None = none): bf16 over fp32 weights, which keeps the
+    small RL updates in fp32 master weights while the matmuls run at the hardware's bf16 speed."""
+    if mode == "off" or param_dtype != torch.float32 or (mode == "auto" and not bf16_native(device)):
+        return None
+    return torch.bfloat16
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -67,11 +81,13 @@ class Trainer:
         self.temperature = temperature
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
         self.device = next(model.parameters()).device
+        self.autocast = autocast_dtype(cfg.autocast, self.device, next(model.parameters()).dtype)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
         self.policy_version = 0
+        self.reincarnated = False
 
     def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, PaddedBatch]]:
         """(correction mode, padded micro-batch) pairs; each micro-batch holds one source."""
@@ -98,12 +114,15 @@ class Trainer:
         off = self.offpolicy
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
+            # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL
+            # term has zero gradient on the first update, so it only matters with several updates)
+            lam = remix_kl_coef(self.policy_version) if self.cfg.kl_convex else 1.0
             self.optimizer.zero_grad(set_to_none=True)
             sums = dict.fromkeys(
                 ("loss", "kl", "low", "high", "kept", "tokens", "w", "w2", "wmax", "bkl"), 0.0
             )
             for i, (mode, batch) in enumerate(batches):
-                logp = completion_logprobs(self.model, batch, self.temperature)
+                logp = completion_logprobs(self.model, batch, self.temperature, self.autocast)
                 old = old_logps[i] if old_logps is not None else logp.detach()
                 correction = correction_for(
                     mode,
@@ -125,9 +144,15 @@ class Trainer:
                     clip_high=self.cfg.clip_high,
                     total_tokens=1,  # token sums; the gradients are divided by the kept count below
                     ref_logp=ref_logps[i] if ref_logps is not None else None,
-                    kl_beta=self.cfg.kl_beta,
+                    kl_beta=self.cfg.kl_beta * lam,
                 )
-                terms.loss.backward()
+                loss = terms.loss
+                if lam < 1 and old_logps is not None:
+                    prev_kl, _ = kl_penalty(
+                        logp, old, correction.mask, kl_beta=self.cfg.kl_beta * (1 - lam), total_tokens=1
+                    )
+                    loss = loss + prev_kl
+                loss.backward()
                 st = correction.stats
                 sums["loss"] += terms.loss.item()
                 sums["kl"] += terms.kl_sum
@@ -168,6 +193,13 @@ class Trainer:
             tokens_per_s=sums["kept"] * self.cfg.updates_per_round / max(seconds, 1e-9),
         )
 
+    def reincarnate(self) -> None:
+        """ReMix's policy reincarnation: the current policy becomes the KL reference (if any); the caller
+        stops feeding off-policy replay from here on."""
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(self.model.state_dict())
+        self.reincarnated = True
+
     def _step_with_lr_scale(self, scale: float) -> None:
         groups = self.optimizer.param_groups
         base = [g["lr"] for g in groups]
@@ -181,6 +213,6 @@ class Trainer:
     def _frozen_logprobs(self, model, batches) -> list[torch.Tensor]:
         was_training = model.training
         model.eval()
-        out = [completion_logprobs(model, b, self.temperature) for _, b in batches]
+        out = [completion_logprobs(model, b, self.temperature, self.autocast) for _, b in batches]
         model.train(was_training)
         return out

@@ -9,6 +9,16 @@ This module knows nothing about rollouts or verification. It gives the node thre
   prefixes have no upper bound, so both sides use our 4-byte frame header, hard caps and deadlines.
 - lifecycle: ``start`` launches the DHT process (which owns the p2pd daemon) and a replica of its P2P
   client in this process, so streams come from our own peer id; ``shutdown`` stops all of it.
+- reachability (``swarm.reachability``): with ``auto``, ``start`` asks initial peers to dial this node
+  back (reachability.py). If none can, it restarts as a DHT client: peers then never wait on it in
+  their routing tables, it reaches out to them, and they pull its payloads over the connections it
+  opened (libp2p connections carry streams both ways). Client-mode daemons also look for circuit relays
+  (``use_auto_relay``); nodes started ``public`` (bootstrap nodes) offer them.
+
+Start-up problems a user can fix raise TransportError with what to do: a listen port already taken
+(checked before the daemon starts: p2pd binds with SO_REUSEPORT, so a second daemon on a port would
+*not* fail, it would silently share it), the daemon failing to start (its own error), no initial peer
+answering (each one tried is named), and a clock too far off the peers' (hivemind allows 3 s).
 
 Threading: hivemind's P2P client is asyncio, the rest of the node is synchronous. One event loop runs in
 a daemon thread; public methods submit coroutines to it and wait with timeouts. The stream handler runs
@@ -22,9 +32,12 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import errno
 import functools
 import logging
 import os
+import re
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +45,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from swarmnode import reachability
 from swarmnode.config import SwarmConfig
 from swarmnode.identity import Identity, public_key_from_peer_id
 from swarmnode.protocol import (
@@ -54,8 +68,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FETCH_FAILURE_REASONS = ("timeout", "not_found", "oversize", "unreachable", "closed", "banned", "bad_peer")
-# every TransportError reason; the start-up ones are "startup", "bad_identity", "bad_address"
-TRANSPORT_ERROR_REASONS = (*FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address")
+# every TransportError reason; the start-up ones follow the fetch failures
+TRANSPORT_ERROR_REASONS = (
+    *FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address", "port_taken", "clock_skew",
+)  # fmt: skip
+CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+_CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
 
 _WRITE_CHUNK = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
 _PARENT_CHECK_PERIOD_S = 1.0
@@ -76,6 +94,10 @@ class Transport:
     pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), a request
     must arrive within ``request_timeout_s`` and the answer must be taken within ``serve_timeout_s``.
     ``stream_name`` exists for tests (another protocol id); nodes keep the default.
+    ``must_reach_initial_peers=False`` (bootstrap nodes) starts even when no initial peer answers.
+
+    After ``start``: ``client_mode`` (whether the DHT runs as a client), ``reachability`` (the dial-back
+    verdict, or "unchecked") and ``reachability_note`` (one line for the user saying what was decided).
 
     ``stats`` (counters for metrics): served / served_bytes (payloads sent), not_found (asked for a
     digest we do not hold), refused (stream closed unanswered: filter or caps), bad_request (no or short
@@ -88,7 +110,7 @@ class Transport:
         identity_path: Path,
         swarm: SwarmConfig,
         *,
-        client_mode: bool = False,
+        must_reach_initial_peers: bool = True,
         payload_capacity: int = 64,
         stream_name: str = PAYLOAD_STREAM,
         max_streams_per_peer: int = 4,
@@ -102,7 +124,10 @@ class Transport:
             raise ValueError("payload_capacity must be >= 1")
         self.identity_path = Path(identity_path)
         self.swarm = swarm
-        self.client_mode = client_mode
+        self.must_reach_initial_peers = must_reach_initial_peers
+        self.client_mode = False
+        self.reachability: str = "unchecked"
+        self.reachability_note = ""
         self.payload_capacity = payload_capacity
         self.stream_name = stream_name
         self.max_streams_per_peer = max_streams_per_peer
@@ -149,14 +174,59 @@ class Transport:
                 raise RuntimeError("Transport.start() called twice")
             identity = self._check_identity()
             initial_peers = self._check_initial_peers(identity.peer_id)
-            self._dht = self._start_dht(initial_peers)
+            _check_listen_ports(self.swarm.host_maddrs)
             self._started = True
             atexit.register(self.shutdown)
             try:
-                return self._start_replica(identity.peer_id)
+                mode = self.swarm.reachability
+                maddrs = self._start_network(identity.peer_id, initial_peers, client=mode == "private")
+                if mode == "auto" and initial_peers:
+                    maddrs = self._settle_reachability(identity.peer_id, initial_peers, maddrs)
+                elif mode != "auto":
+                    self.reachability_note = f"not checked (swarm.reachability={mode})"
+                else:
+                    self.reachability_note = "not checked (no initial peers: this node starts a new swarm)"
+                return maddrs
             except BaseException:
                 self._shutdown_locked()
                 raise
+
+    def _start_network(self, peer_id: str, initial_peers: list[str], *, client: bool) -> list[str]:
+        self._dht = self._start_dht(initial_peers, client)
+        self.client_mode = client
+        return self._start_replica(peer_id)
+
+    def _settle_reachability(self, peer_id: str, initial_peers: list[str], maddrs: list[str]) -> list[str]:
+        """Dial-back check; restart as a DHT client if peers answered and none could connect."""
+        ports = reachability.tcp_ports(maddrs)
+        answers: list[bytes | None] = []
+        if ports:
+            asked = [addr.rsplit("/p2p/", 1)[1] for addr in initial_peers[: reachability.PEERS_ASKED]]
+            timeout = 2 * reachability.DIAL_TIMEOUT_S
+            answers = self._call(
+                _gather([reachability.ask(self._p2p, peer, ports, timeout) for peer in asked]), timeout + 5
+            )
+        self.reachability = reachability.verdict(answers)
+        answered = sum(1 for answer in answers if answer)
+        port_list = ", ".join(map(str, ports))
+        if self.reachability == "reachable":
+            self.reachability_note = f"peers can open connections to this node ({answered} checked)"
+        elif self.reachability == "unknown":
+            self.reachability_note = (
+                "not checked: no initial peer answered the dial-back check; running as a full DHT node"
+            )
+        else:
+            logger.info("dial-back failed on TCP port(s) %s; restarting the DHT in client mode", port_list)
+            self._stop_network()
+            maddrs = self._start_network(peer_id, initial_peers, client=True)
+            self.reachability_note = (
+                f"{answered} peer(s) could not open a connection to this node on TCP port(s) {port_list}, "
+                "so it runs in client mode: it connects out to peers and they pull its rollouts over "
+                "those connections (relays are used where peers offer them). To serve fully, give it a "
+                "fixed port, allow or forward that port in your firewall/router, and pass "
+                "--announce /ip4/<your public IP>/tcp/<port>"
+            )
+        return maddrs
 
     def _check_identity(self) -> Identity:
         # hivemind would silently generate an RSA key at a missing path: refuse instead
@@ -190,18 +260,24 @@ class Transport:
             logger.info("all initial peers are this node itself; starting a new swarm")
         return peers
 
-    def _start_dht(self, initial_peers: list[str]) -> hivemind.DHT:
+    def _start_dht(self, initial_peers: list[str], client: bool) -> hivemind.DHT:
         import hivemind
 
         kwargs: dict[str, Any] = {}
         if self.swarm.announce_maddrs:
             kwargs["announce_maddrs"] = list(self.swarm.announce_maddrs)
+        if client:  # look for relays at once instead of waiting for AutoNAT to call this node private
+            kwargs.update(use_auto_relay=True, force_reachability="private")
+        elif self.swarm.reachability == "public":  # go-libp2p serves as a relay only when public
+            kwargs["force_reachability"] = "public"
+        if not self.must_reach_initial_peers:
+            kwargs["ensure_bootstrap_success"] = False
         started = time.monotonic()
         dht = hivemind.DHT(
             initial_peers=initial_peers or None,
             host_maddrs=list(self.swarm.host_maddrs),
             identity_path=str(self.identity_path),
-            client_mode=self.client_mode,
+            client_mode=client,
             # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
             check_if_identity_free=False,
             start=True,
@@ -218,6 +294,15 @@ class Transport:
 
     def _startup_error(self, exc: BaseException, initial_peers: list[str]) -> TransportError:
         text = str(exc) or type(exc).__name__
+        clock = _CLOCK_RE.search(text)
+        if clock:
+            offset = float(clock.group(1)) - float(clock.group(2))
+            return TransportError(
+                "clock_skew",
+                f"this machine's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} an "
+                f"initial peer's, and the DHT allows {CLOCK_TOLERANCE_S:.0f} s. Turn on time sync "
+                "(`timedatectl set-ntp true`, or install chrony) and start again.",
+            )
         if initial_peers and ("bootstrap" in text or isinstance(exc, concurrent.futures.TimeoutError)):
             tried = ", ".join(initial_peers)
             return TransportError(
@@ -255,6 +340,8 @@ class Transport:
                 "bad_identity", f"p2pd runs as {self.peer_id}, but the identity file is {expected_peer_id}"
             )
         self._call(self._p2p.add_binary_stream_handler(self.stream_name, self._handle_stream), timeout)
+        dialback = reachability.DialbackServer().handle
+        self._call(self._p2p.add_binary_stream_handler(reachability.DIALBACK_STREAM, dialback), timeout)
         # if this process dies without shutdown() (kill -9), the DHT process and p2pd must not linger on
         # with our peer id and port: they watch for it and exit
         watch = functools.partial(_exit_with_parent, parent_pid=os.getpid())
@@ -274,11 +361,18 @@ class Transport:
         self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.shutdown)
+        self._stop_network()
+        with self._payloads_lock:
+            self._payloads.clear()
+
+    def _stop_network(self) -> None:
+        """Stop the handlers, the loop thread, the replica and the DHT process (and its p2pd)."""
         loop, p2p = self._loop, self._p2p
         if loop is not None and self._thread is not None and self._thread.is_alive():
             if p2p is not None:
-                with contextlib.suppress(Exception):
-                    self._call(p2p.remove_binary_stream_handler(self.stream_name), 2.0)
+                for name in (self.stream_name, reachability.DIALBACK_STREAM):
+                    with contextlib.suppress(Exception):
+                        self._call(p2p.remove_binary_stream_handler(name), 2.0)
                 with contextlib.suppress(Exception):
                     self._call(p2p.shutdown(), 2.0)
             with contextlib.suppress(Exception):
@@ -289,8 +383,7 @@ class Transport:
             loop.close()
         if self._dht is not None:
             _stop_dht_process(self._dht)
-        with self._payloads_lock:
-            self._payloads.clear()
+        self._dht = self._p2p = self._loop = self._thread = None
 
     def __enter__(self) -> Transport:
         return self
@@ -591,6 +684,58 @@ class Transport:
         except Exception as exc:
             logger.debug("list_peers failed: %r", exc)
             return 0
+
+    def dht_stats(self, timeout_s: float = 5.0) -> dict[str, int]:
+        """``routing_table_peers`` and ``stored_records`` (keys this node stores for the DHT); {} if the
+        DHT process does not answer in time."""
+        if not self._running():
+            return {}
+        assert self._dht is not None
+        try:
+            return self._dht.run_coroutine(_dht_stats, return_future=True).result(timeout_s)
+        except Exception as exc:
+            logger.debug("dht_stats failed: %r", exc)
+            return {}
+
+
+async def _dht_stats(_dht: Any, node: Any) -> dict[str, int]:
+    """Runs inside the DHT process."""
+    return {
+        "routing_table_peers": len(node.protocol.routing_table.uid_to_peer_id),
+        "stored_records": len(node.protocol.storage),
+    }
+
+
+async def _gather(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
+    return list(await asyncio.gather(*coros))
+
+
+def _check_listen_ports(host_maddrs: list[str]) -> None:
+    """Bind each fixed TCP port of ``host_maddrs`` briefly: a taken port or a foreign IP fails here."""
+    for maddr in host_maddrs:
+        parts = maddr.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] == "0":
+            continue
+        host, port = parts[1], int(parts[3])
+        family = socket.AF_INET6 if parts[0] == "ip6" else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            # SO_REUSEADDR: a previous run's connections in TIME_WAIT do not count as taken; a listener does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                sock.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise TransportError(
+                        "port_taken",
+                        f"TCP port {port} on {host} is already in use, by another node or program "
+                        f"(`ss -ltnp 'sport = :{port}'` shows which). Stop it, choose another port, or "
+                        "listen on port 0 (any free port) in swarm.host_maddrs.",
+                    ) from None
+                raise TransportError(
+                    "startup",
+                    f"cannot listen on {maddr}: {exc.strerror}. Is {host} an address of this machine?",
+                ) from None
 
 
 def _stop_dht_process(dht: hivemind.DHT) -> None:

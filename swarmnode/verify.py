@@ -40,6 +40,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
+from swarmnode.config import ConfigError
 from swarmnode.peers import PeerBook
 from swarmnode.protocol import (
     BATCH_ANNOUNCEMENT,
@@ -59,7 +60,7 @@ from swarmnode.protocol import (
     task_from_wire,
 )
 from swarmnode.rollouts import RolloutGroup, TaskRef
-from swarmnode.tasks import TaskBank, TaskError
+from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank, TaskError
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,18 @@ class Verifier:
         max_age_s: float = DEFAULT_MAX_AGE_S,
     ) -> None:
         """``clock`` is wall-clock unix time (message timestamps); ``max_age_s`` is how old an
-        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``."""
+        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``.
+
+        Raises ConfigError if the bank's mix has a dataset whose scorer evaluates answer text as code
+        (``tasks.CODE_EVAL_SCORERS``): scoring peers' completions with it would let them run code here.
+        """
+        unsafe = sorted(CODE_EVAL_SCORERS & set(bank.tasks.mix))
+        if unsafe:
+            raise ConfigError(
+                f"tasks.mix.{unsafe[0]}: reasoning-gym scores its answers by evaluating the answer text as "
+                "Python (sympy parse_expr), so a peer's completion could run code on this node; a swarm node "
+                f"cannot use it. Remove {', '.join(unsafe)} from the mix or train on it with `swarmnode solo`"
+            )
         self.bank = bank
         self.swarm_id = swarm_id
         self.book = book

@@ -1,12 +1,17 @@
-"""The sampler interface every backend implements (transformers now, vLLM next)."""
+"""The sampler interface every backend implements, and the choice of backend."""
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from swarmnode.config import SamplingConfig
 from swarmnode.rollouts import Completion
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 class Sampler(ABC):
@@ -29,8 +34,16 @@ class Sampler(ABC):
         return 0.0
 
 
-def make_sampler(cfg: SamplingConfig, policy) -> Sampler:
-    """Build the configured backend (``auto`` = the fastest one installed; today transformers)."""
+def make_sampler(cfg: SamplingConfig, policy, *, seed: int = 0, log=_stderr) -> Sampler:
+    """Build the configured backend: ``vllm`` (or ``auto``) where vLLM is installed and supports the
+    policy, else transformers. A wanted vLLM that cannot run is reported once, here, with the reason."""
     from swarmnode.sampler.hf import HFSampler
 
+    if cfg.backend != "hf":
+        from swarmnode.sampler import vllm
+
+        reason = vllm.unavailable(policy.model)
+        if reason is None:
+            return vllm.VLLMSampler(policy.model, policy.tokenizer, cfg, seed=seed)
+        log(f"sampling.backend={cfg.backend}: {reason}; sampling with transformers")
     return HFSampler(policy.model, policy.tokenizer)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +106,28 @@ class NodeProc:
                 self.kill()
 
 
-def start_node(run_dir: Path, *args: str, peers: list[str] = ()) -> NodeProc:
-    cmd = [sys.executable, "-m", "swarmnode.cli", "join", "--run-dir", str(run_dir), *args]
+def start_node(
+    run_dir: Path, *args: str, peers: list[str] = (), command: str = "join", prefix: Sequence[str] = ()
+) -> NodeProc:
+    """``swarmnode <command> --run-dir run_dir *args`` (``join`` or ``solo``), stderr collected.
+
+    ``prefix`` wraps the command, e.g. ``netns.Host.exec_args()`` to run the node in a network namespace.
+    """
+    cmd = [*prefix, sys.executable, "-m", "swarmnode.cli", command, "--run-dir", str(run_dir), *args]
     for peer in peers:
         cmd += ["--peers", peer]
+    return _spawn(cmd, run_dir)
+
+
+def start_bootstrap(work_dir: Path, *args: str, prefix: Sequence[str] = ()) -> NodeProc:
+    """``swarmnode bootstrap *args`` with its key in ``work_dir`` and metrics on a free port."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [*prefix, sys.executable, "-m", "swarmnode.cli", "bootstrap", "--identity",
+           str(work_dir / "bootstrap.key"), "--set", "bootstrap.metrics_port=0", *args]  # fmt: skip
+    return _spawn(cmd, work_dir)
+
+
+def _spawn(cmd: list[str], run_dir: Path) -> NodeProc:
     # One torch thread per node: several nodes share 2 cores, and spinning OpenMP threads starve each other.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(

@@ -101,3 +101,33 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
     assert arrivals == status["arrival_s"]["count"] >= 1
     assert samples[("swarmnode_publish_to_arrival_seconds_bucket", (("le", "+Inf"),))] == arrivals
     assert 0 <= samples[("swarmnode_publish_to_arrival_seconds_sum", ())] / arrivals < 30
+
+
+def test_a_peer_that_left_after_publishing_is_not_waited_for(tmp_path, nodes):
+    """b publishes its one round and exits while a is still sampling: a's pull of b's batch fails, and a
+    trains at once instead of waiting out its deadline for a batch that can no longer arrive."""
+    long_deadline = 90.0
+    a = start_node(
+        tmp_path / "a", *_args("llama", "it-left"),
+        "--rounds", "1",
+        "--set", "swarm.min_peers=1",
+        "--set", f"swarm.share_deadline_s={long_deadline}",
+        "--set", "sampling.questions_per_round=8",  # a samples for several seconds; b is gone by then
+        "--set", "sampling.max_new_tokens=256",
+    )  # fmt: skip
+    nodes.append(a)
+    b = start_node(
+        tmp_path / "b", *_args("llama", "it-left"),
+        "--rounds", "1",
+        "--set", "swarm.min_peers=1",
+        "--set", "swarm.share_deadline_s=0.5",
+        "--set", "sampling.questions_per_round=1",
+        "--set", "sampling.max_new_tokens=4",
+        peers=[a.address()],
+    )  # fmt: skip
+    nodes.append(b)
+    assert b.wait(timeout_s=240) == 0, b.output()
+    assert a.wait(timeout_s=240) == 0, a.output()
+    status = a.status()
+    assert sum(status["fetch_failures"].values()) >= 1, status  # the case under test did happen
+    assert a.metrics()[0]["seconds_share"] < long_deadline / 3, a.output()

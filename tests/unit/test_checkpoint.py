@@ -132,8 +132,17 @@ def test_a_checkpoint_without_manifest_is_skipped(tmp_path: Path) -> None:
         (lambda p: (p / "model.safetensors").unlink(), "model.safetensors missing"),
         (lambda p: (p / "state.json").write_text("{}"), "state.json does not match its checksum"),
         (lambda p: (p / "manifest.json").write_text('{"round": 7'), "missing or unreadable manifest"),
+        (lambda p: (p / "manifest.json").write_bytes(b"\xff\xfe"), "missing or unreadable manifest"),
+        # valid JSON of the wrong shape (found by tests/fuzz/test_fuzz_checkpoint.py: these crashed resume)
+        (lambda p: (p / "manifest.json").write_text("null"), "manifest has no map of file checksums"),
+        (lambda p: edit_manifest(p, files=[]), "manifest has no map of file checksums"),
+        (lambda p: edit_manifest(p, round="7"), "manifest round, policy_version or digest"),
+        (lambda p: edit_manifest(p, digest=None), "manifest round, policy_version or digest"),
     ],
-    ids=["truncated", "missing file", "edited", "cut manifest"],
+    ids=[
+        *("truncated", "missing file", "edited", "cut manifest", "not utf-8"),
+        *("null", "files list", "round string", "no digest"),
+    ],
 )
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, damage, message) -> None:
     model, optimizer = trained()
@@ -146,6 +155,22 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path: Pa
     seen: list[str] = []
     assert checkpoint.newest_valid(tmp_path, log=seen.append).path == previous
     assert seen == [f"skipping checkpoint {newest}: {checkpoint_error(newest)}"]
+
+
+def edit_manifest(path: Path, **changes) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    (path / "manifest.json").write_text(json.dumps({**manifest, **changes}))
+
+
+def test_a_checkpoint_whose_manifest_names_another_round_is_skipped(tmp_path: Path) -> None:
+    """Resuming from it would skip rounds (or repeat them): the folder name and the manifest must agree."""
+    model, optimizer = trained()
+    previous = save(tmp_path, 6, model, optimizer)
+    newest = save(tmp_path, 7, model, optimizer)
+    edit_manifest(newest, round=9)
+    seen: list[str] = []
+    assert checkpoint.newest_valid(tmp_path, log=seen.append).path == previous
+    assert seen == [f"skipping checkpoint {newest}: its manifest says round 9 (corrupt, or renamed)"]
 
 
 def checkpoint_error(path: Path) -> str:

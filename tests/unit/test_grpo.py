@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from swarmnode.grpo import group_advantages, policy_loss
+from swarmnode.grpo import group_advantages, kl_penalty, policy_loss
 
 CLIP = {"clip_low": 0.2, "clip_high": 0.28}
 
@@ -86,3 +86,16 @@ def test_token_weight_scales_policy_term():
     terms, g = _loss(1.0, 1.0, token_weight=torch.tensor([[0.5]]))
     assert terms.loss.item() == pytest.approx(-0.5)
     assert g == pytest.approx(-0.5)
+
+
+def test_kl_penalty_by_hand():
+    # k3 at pi = 0.5, ref = 0.25: exp(log 0.5) - log 0.5 - 1 = 0.5 + 0.6931 - 1 = 0.1931; the masked-out
+    # token (pi = 0.1, ref = 0.9) does not count
+    logp = torch.log(torch.tensor([[0.5, 0.1]], requires_grad=True))
+    ref = torch.log(torch.tensor([[0.25, 0.9]]))
+    mask = torch.tensor([[1, 0]])
+    loss, kl_sum = kl_penalty(logp, ref, mask, kl_beta=2.0, total_tokens=4)
+    k3 = 0.5 + math.log(2.0) - 1.0
+    assert kl_sum == pytest.approx(k3, rel=1e-6)
+    assert loss.item() == pytest.approx(2.0 * k3 / 4, rel=1e-6)
+    assert kl_penalty(logp, ref, mask, kl_beta=0.0, total_tokens=4)[1] == 0.0

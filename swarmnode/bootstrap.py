@@ -1,0 +1,116 @@
+"""`swarmnode bootstrap`: a DHT-only node that other nodes join through (no model, no training).
+
+A bootstrap node is what a public network's config lists: it must keep one address for months, so it
+listens on a fixed port and keeps its identity in a key file (the ``/p2p/`` part of its address). It joins
+the other bootstraps of the config when they answer and starts alone when none does (the first one).
+It runs with ``swarm.reachability=public``: it never checks itself, and go-libp2p then offers circuit relays
+to client-mode nodes. Every node also answers the dial-back check (reachability.py), so a bootstrap serves
+it too.
+
+Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
+it stores for the DHT, libp2p connections, and the process collector. SIGINT and SIGTERM stop it cleanly:
+the DHT process and p2pd are shut down before it exits.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+from swarmnode import __version__
+from swarmnode.config import NodeConfig
+from swarmnode.identity import load_or_create
+from swarmnode.metrics import MetricsServer
+from swarmnode.transport import Transport
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class BootstrapCollector:
+    """The bootstrap's state, refreshed by its main loop, exported at scrape time."""
+
+    def __init__(self, peer_id: str):
+        self.peer_id = peer_id
+        self.started = time.time()
+        self.connected = 0
+        self.dht: dict[str, int] = {}
+
+    def collect(self) -> Iterator:
+        info = InfoMetricFamily("swarmnode_bootstrap", "This bootstrap node: peer id and version.")
+        info.add_metric([], {"peer_id": self.peer_id, "version": __version__})
+        yield info
+        gauges = {
+            "swarmnode_peers_connected": ("Peers with a libp2p connection.", self.connected),
+            "swarmnode_dht_routing_table_peers": (
+                "Peers in the DHT routing table.",
+                self.dht.get("routing_table_peers"),
+            ),
+            "swarmnode_dht_stored_records": (
+                "DHT keys this node stores for the swarm.",
+                self.dht.get("stored_records"),
+            ),
+        }
+        for name, (doc, value) in gauges.items():
+            if value is not None:
+                family = GaugeMetricFamily(name, doc)
+                family.add_metric([], float(value))
+                yield family
+
+    def health(self) -> dict:
+        return {"status": "ok", "role": "bootstrap", "uptime_s": round(time.time() - self.started, 1)}
+
+
+def run_bootstrap(cfg: NodeConfig, *, refresh_s: float = 5.0) -> None:
+    """Run until SIGINT or SIGTERM; print how to join, then a status line every report period."""
+    boot = cfg.bootstrap
+    identity, created = load_or_create(boot.identity_path)
+    if created:
+        log(f"created bootstrap identity {boot.identity_path} (peer id {identity.peer_id}); back it up")
+    swarm = cfg.swarm.model_copy(
+        update={"host_maddrs": boot.host_maddrs, "reachability": "public", "require_initial_peers": False}
+    )
+    transport = Transport(boot.identity_path, swarm, must_reach_initial_peers=False)
+    stop = threading.Event()
+    previous: dict = {}
+    server = None
+    try:
+        addrs = transport.start()
+        # only now: the DHT process is forked in start() and must keep the default SIGTERM, which is how
+        # hivemind ends it when it does not stop in time
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+        collector = BootstrapCollector(identity.peer_id)
+        if boot.metrics_port is not None:
+            server = MetricsServer(collector, boot.metrics_host, boot.metrics_port)
+            log(f"metrics at {server.url}/metrics (health: {server.url}/health)")
+        log(f"bootstrap node up: peer id {identity.peer_id}")
+        log("nodes join through it with (list it under swarm.initial_peers):")
+        for addr in addrs:
+            log(f"  swarmnode join --peers {addr}")
+        next_report = time.monotonic() + boot.report_every_s
+        while True:
+            collector.connected = transport.connected_peer_count()
+            collector.dht = transport.dht_stats()
+            if time.monotonic() >= next_report:
+                next_report += boot.report_every_s
+                log(
+                    f"peers connected {collector.connected}, routing table "
+                    f"{collector.dht.get('routing_table_peers', '?')}, records "
+                    f"{collector.dht.get('stored_records', '?')}"
+                )
+            if stop.wait(refresh_s):
+                break
+        log("stopping the bootstrap node")
+    finally:
+        if server is not None:
+            server.close()
+        transport.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,133 @@
+"""Can peers open connections to this node? The dial-back check a node runs at start.
+
+Why a check of our own: a node behind NAT or a firewall that joins the DHT as a full server gets into
+other nodes' routing tables and their requests to it time out, slowing everyone. hivemind's bootstrap ping
+("validate") does not notice, because the peer answers over the connection the new node opened, which any
+firewall lets through. libp2p's AutoNAT does dial back, but the daemon does not tell its client the result.
+
+So a node asks some of its initial peers to open a *new* TCP connection to it (stream
+``DIALBACK_STREAM``): the request lists the TCP ports it listens on; the peer connects to each port at
+the IP address it sees the request come from, and answers one byte per port (1 = connected). Only the
+requester's own observed address is ever dialled, so the service cannot be used to make a node connect
+to third parties, and concurrent dial-backs are capped. A plain TCP connect is enough: it is the step a
+firewall or NAT blocks, and it costs the answering peer no libp2p handshake.
+
+``verdict`` turns the answers into reachable / unreachable / unknown (no peer could answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+DIALBACK_STREAM = "/swarmnode/v1/dialback"
+MAX_PORTS = 4
+DIAL_TIMEOUT_S = 3.0
+REQUEST_TIMEOUT_S = 5.0
+MAX_CONCURRENT_DIALBACKS = 8
+PEERS_ASKED = 3
+
+Verdict = Literal["reachable", "unreachable", "unknown"]
+
+
+def encode_request(ports: Sequence[int]) -> bytes:
+    """One byte with the count (1..MAX_PORTS), then each port as 2 bytes big-endian."""
+    if not 0 < len(ports) <= MAX_PORTS or not all(0 < p < 65536 for p in ports):
+        raise ValueError(f"1..{MAX_PORTS} ports in 1..65535, got {list(ports)}")
+    return bytes([len(ports)]) + b"".join(p.to_bytes(2, "big") for p in ports)
+
+
+def tcp_ports(maddrs: Iterable[str]) -> list[int]:
+    """The distinct TCP ports of direct (non-relay) multiaddrs, at most MAX_PORTS, in order."""
+    ports: list[int] = []
+    for maddr in maddrs:
+        parts = str(maddr).strip("/").split("/")
+        if "p2p-circuit" in parts or "tcp" not in parts:
+            continue
+        port = int(parts[parts.index("tcp") + 1])
+        if port and port not in ports:
+            ports.append(port)
+    return ports[:MAX_PORTS]
+
+
+def observed_ip(maddr: str) -> str | None:
+    """The IP of ``/ip4/X/tcp/..`` or ``/ip6/X/tcp/..``; None for anything else (a relayed stream)."""
+    parts = str(maddr).strip("/").split("/")
+    if len(parts) < 2 or parts[0] not in ("ip4", "ip6") or "p2p-circuit" in parts:
+        return None
+    try:
+        return str(ipaddress.ip_address(parts[1]))
+    except ValueError:
+        return None
+
+
+def verdict(answers: Sequence[bytes | None]) -> Verdict:
+    """Reachable if any peer connected to any of our ports; unreachable if peers answered and none
+    connected; unknown if no peer answered (none serves the check, or none was asked)."""
+    answered = [a for a in answers if a]
+    if any(1 in answer for answer in answered):
+        return "reachable"
+    return "unreachable" if answered else "unknown"
+
+
+async def _can_connect(ip: str, port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), DIAL_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+    return True
+
+
+class DialbackServer:
+    """The answering side, as a hivemind binary stream handler; never raises into the daemon client."""
+
+    def __init__(self) -> None:
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_DIALBACKS)
+
+    async def handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            ip = observed_ip(str(info.addr))
+            if ip is None or self._slots.locked():
+                return  # relayed, or too busy: closing unanswered reads as "unknown" on the other side
+            async with self._slots:
+                count = (await asyncio.wait_for(reader.readexactly(1), REQUEST_TIMEOUT_S))[0]
+                if not 0 < count <= MAX_PORTS:
+                    return
+                raw = await asyncio.wait_for(reader.readexactly(2 * count), REQUEST_TIMEOUT_S)
+                ports = [int.from_bytes(raw[i : i + 2], "big") for i in range(0, len(raw), 2)]
+                results = await asyncio.gather(*(_can_connect(ip, port) for port in ports))
+                writer.write(bytes(int(ok) for ok in results))
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+async def ask(p2p: Any, peer_id: str, ports: Sequence[int], timeout_s: float) -> bytes | None:
+    """Ask ``peer_id`` to dial us back on ``ports``; its answer (one byte per port) or None."""
+    from hivemind.p2p import PeerID
+
+    writer = None
+
+    async def exchange() -> bytes:
+        nonlocal writer
+        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), DIALBACK_STREAM)
+        writer.write(encode_request(ports))
+        await writer.drain()
+        return await reader.readexactly(len(ports))
+
+    try:
+        return await asyncio.wait_for(exchange(), timeout_s)
+    except Exception:  # no such handler (an older peer), gone, too slow: this peer cannot tell
+        return None
+    finally:
+        if writer is not None:
+            writer.close()

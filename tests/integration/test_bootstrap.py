@@ -1,0 +1,242 @@
+"""`swarmnode bootstrap`, joining by the public-demo config, and the start-up errors users can fix.
+
+Everything runs on 127.0.0.1 with real processes and real hivemind DHTs: a local stand-in bootstrap
+replaces the public list exactly as docs/operators.md describes (``--peers`` overrides
+``swarm.initial_peers``); the nodes use the tiny model so that a round takes seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from swarmnode.config import SwarmConfig
+from swarmnode.identity import Identity
+from swarmnode.transport import Transport, TransportError
+from tests.integration.swarm_procs import REPO, start_bootstrap, start_node
+
+PUBLIC_DEMO = "node_configs/public-demo.yaml"
+# the public-demo config itself, made fast: the tiny model and its easy tasks, short rounds
+FAST = [
+    "--set", "model.name=tiny",
+    "--set", "tasks.mix={propositional_logic: {weight: 3}, basic_arithmetic: {}}",
+    "--set", "sampling.questions_per_round=4",
+    "--set", "sampling.completions_per_question=4",
+    "--set", "sampling.max_new_tokens=16",
+    "--set", "train.lr=1e-3",
+    "--set", "swarm.share_deadline_s=8",
+    "--set", "swarm.wait_for_peers_s=90",
+    "--set", "run.cpu_threads=1",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _identity(path: Path) -> str:
+    identity = Identity.generate()
+    identity.save(path)
+    return identity.peer_id
+
+
+def _scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _metric(text: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+def test_public_demo_config_joins_through_a_stand_in_bootstrap(tmp_path):
+    port = _free_port()
+    procs = []
+    try:
+        boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
+        procs.append(boot)
+        address = boot.wait_for_line(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 60).split("--peers ", 1)[1].strip()
+        metrics_url = boot.wait_for_line("metrics at ", 5).split("metrics at ", 1)[1].split()[0]
+        nodes = [
+            start_node(tmp_path / name, "--config", PUBLIC_DEMO, "--rounds", "2", *FAST, peers=[address])
+            for name in ("a", "b")
+        ]
+        procs += nodes
+        for node in nodes:
+            assert node.wait(timeout_s=300) == 0, node.output()
+            assert "swarm swarmnode-public-demo" in node.wait_for_line("swarm swarmnode-public-demo", 1)
+            assert "peers can open connections" in node.wait_for_line("reachability:", 1)
+            status = node.status()
+            assert len(status["peers"]) == 1 and status["rejected"] == {}, status
+            # the peer's batches arrived and passed verification (training on them needs nonzero
+            # advantages, which a random tiny model does not always produce in two rounds)
+            assert status["rollouts"]["batches_received"] >= 1, node.output()
+            assert status["rollouts"]["groups_accepted"] >= 1, node.output()
+
+        text = _scrape(metrics_url)
+        assert _metric(text, "swarmnode_dht_routing_table_peers") >= 1  # the nodes were in its table
+        assert _metric(text, "swarmnode_dht_stored_records") >= 1  # rosters and announcements
+        assert "swarmnode_bootstrap_info{" in text
+
+        children = _children(boot.proc.pid)  # its DHT process (which owns p2pd)
+        assert children, "the bootstrap runs its DHT in a child process"
+        os.kill(boot.proc.pid, signal.SIGTERM)  # clean shutdown on SIGTERM (systemd, docker stop)
+        assert boot.wait(timeout_s=30) == 0, boot.output()
+        assert any("stopping the bootstrap node" in line for line in boot.lines)
+        deadline = time.monotonic() + 15
+        while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [pid for pid in children if _alive(pid)], "the DHT process outlived the bootstrap"
+
+        again = start_bootstrap(tmp_path / "boot", "--port", str(port))  # same key file, same port
+        procs.append(again)
+        assert again.wait_for_line(address, 60)  # the address in everyone's config is still valid
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_join_without_any_bootstrap_in_the_public_config_says_what_to_pass(tmp_path):
+    node = start_node(tmp_path / "a", "--config", PUBLIC_DEMO, *FAST)
+    assert node.wait(timeout_s=60) == 2
+    assert "swarm.initial_peers is empty" in node.output() and "--peers MULTIADDR" in node.output()
+
+
+def test_no_bootstrap_answering_names_every_address_tried(tmp_path):
+    silent = [f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{_identity(tmp_path / f'{i}.key')}" for i in range(2)]
+    node = start_node(tmp_path / "a", "--config", PUBLIC_DEMO, *FAST, peers=silent)
+    assert node.wait(timeout_s=120) == 2, node.output()
+    error = next(line for line in node.lines if line.startswith("error:"))
+    assert "none of the initial peers answered" in error
+    assert all(addr in error for addr in silent)
+    assert "firewall" in error
+
+
+def test_port_taken_is_reported_before_the_daemon_starts(tmp_path):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
+        assert boot.wait(timeout_s=60) == 2, boot.output()
+    error = next(line for line in boot.lines if line.startswith("error:"))
+    assert f"TCP port {port}" in error and "already in use" in error and "ss -ltnp" in error
+
+
+def test_a_second_bootstrap_on_the_same_port_is_refused(tmp_path):
+    """p2pd binds with SO_REUSEPORT: without our check the second daemon would share the port silently."""
+    port = _free_port()
+    first = start_bootstrap(tmp_path / "one", "--port", str(port))
+    try:
+        first.wait_for_line("bootstrap node up", 60)
+        second = start_bootstrap(tmp_path / "two", "--port", str(port))
+        assert second.wait(timeout_s=60) == 2, second.output()
+        assert "already in use" in second.output()
+    finally:
+        first.stop()
+
+
+def test_daemon_that_cannot_start_says_why(tmp_path):
+    key = tmp_path / "a.key"
+    _identity(key)
+    transport = Transport(key, SwarmConfig(host_maddrs=["/ip4/192.0.2.77/tcp/0"]))  # not this machine's
+    try:
+        transport.start()
+        raise AssertionError("started on an address this machine does not have")
+    except TransportError as exc:
+        assert exc.reason == "startup"
+        assert "p2pd" in str(exc) and "cannot assign requested address" in str(exc)  # the daemon's own why
+        assert "host_maddrs" in str(exc)
+    finally:
+        transport.shutdown()
+
+
+def test_clock_far_off_the_peers_is_named_with_the_offset_and_the_fix(tmp_path):
+    key = tmp_path / "boot.key"
+    _identity(key)
+    with Transport(key, SwarmConfig()) as boot:
+        address = boot.start()[0]
+        control, skewed = (_start_with_clock_offset(tmp_path, s, address) for s in (0, 30))
+    assert control.startswith("STARTED"), control  # the same start with a right clock joins fine
+    assert skewed.startswith("ERROR clock_skew"), skewed
+    assert "ahead of" in skewed and "3 s" in skewed and "timedatectl set-ntp true" in skewed
+    offset = float(skewed.split("clock is ", 1)[1].split(" s ")[0])
+    assert 29 <= offset <= 31
+
+
+def _start_with_clock_offset(tmp_path: Path, seconds: int, initial_peer: str) -> str:
+    """A Transport in a process whose clock is off by ``seconds``: "STARTED" or "ERROR <message>"."""
+    key = tmp_path / f"clock{seconds}.key"
+    _identity(key)
+    script = Path(__file__).with_name("_skewed_clock.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(seconds), str(key), initial_peer],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("STARTED", "ERROR"))]
+    return lines[0] if lines else done.stdout + done.stderr[-2000:]
+
+
+def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, capsys):
+    """Roster cards of another swarm or another protocol version, under our swarm's key in a real DHT:
+    the node skips them and says so once per peer; compatible peers are unaffected."""
+    from types import SimpleNamespace
+
+    from swarmnode import protocol as P
+    from swarmnode.config import NodeConfig
+    from swarmnode.swarm import Swarm
+    from swarmnode.tasks import TaskBank
+
+    keys = {name: tmp_path / f"{name}.key" for name in ("node", "foreign", "newer", "honest")}
+    ids = {name: Identity.generate() for name in keys}
+    for name, identity in ids.items():
+        identity.save(keys[name])
+    cfg = NodeConfig.model_validate({"swarm": {"swarm_id": "ours"}})
+    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32)
+    bank = TaskBank(cfg.tasks, default_seed=0)
+    node = Swarm(
+        cfg, identity=ids["node"], bank=bank, policy=policy, identity_path=keys["node"], run_dir=tmp_path
+    )
+    address = node.start()[0]
+    writer = Transport(keys["honest"], SwarmConfig(initial_peers=[address]))
+    try:
+        writer.start()
+        for name, swarm_id, version in (
+            ("foreign", "theirs", 1),
+            ("newer", "ours", 2),
+            ("honest", "ours", 1),
+        ):
+            card = P.RosterCard(
+                peer_id=ids[name].peer_id, swarm_id=swarm_id, model_name="m", tokenizer_fingerprint="ab",
+                policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=1, protocol_version=version,
+            )  # fmt: skip
+            record = P.encode_message(ids[name], swarm_id, card)
+            assert writer.put_record(P.roster_key("ours"), ids[name].peer_id, record, 60)
+        assert node._live_peers() == {ids["honest"].peer_id}
+        assert node._live_peers() == {ids["honest"].peer_id}  # asked again: no new lines
+    finally:
+        writer.shutdown()
+        node.shutdown()
+    lines = [line for line in capsys.readouterr().err.splitlines() if "ignoring peer" in line]
+    assert len(lines) == 2, lines
+    assert any("wrong_swarm" in line and ids["foreign"].peer_id[:16] in line for line in lines)
+    assert any("protocol v2" in line and ids["newer"].peer_id[:16] in line for line in lines)
