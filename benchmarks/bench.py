@@ -108,6 +108,14 @@ def timed(fn):
     return result, time.perf_counter() - start
 
 
+def cpu_timed(fn):
+    """(result, wall seconds, CPU seconds of this process): on a machine shared with other work, CPU
+    seconds show the work done whatever share of the cores the process got."""
+    cpu = time.process_time()
+    result, wall = timed(fn)
+    return result, wall, time.process_time() - cpu
+
+
 # ---------------------------------------------------------------- sample
 
 
@@ -128,28 +136,31 @@ def bench_sample(args, policy: Policy, samplers: dict) -> dict:
     out: dict = {
         "batch": f"{args.questions} prompts x {args.completions} samples, <= {args.max_new_tokens} tokens"
     }
-    totals = {name: [0, 0.0] for name in samplers}
+    totals = {name: [0, 0.0, 0.0] for name in samplers}
     last = {}
     for sampler in samplers.values():  # warm-up: first-call kernel selection, allocations
         sampler.sample(prompts[:1], 2, max_new_tokens=8, temperature=1.0, seed=0)
     for rep in range(args.repeats):
         for name, sampler in samplers.items():
-            groups, seconds = timed(
+            groups, seconds, cpu = cpu_timed(
                 lambda s=sampler, r=rep: s.sample(
                     prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=r
                 )
             )
             totals[name][0] += sum(len(c.token_ids) for g in groups for c in g)
             totals[name][1] += seconds
+            totals[name][2] += cpu
             last[name] = groups
             print(
                 f"  sample rep {rep} {name}: {totals[name][0]} tokens so far, {seconds:.1f} s",
                 file=sys.stderr,
             )
-    for name, (tokens, seconds) in totals.items():
-        out[f"{name}_tokens"], out[f"{name}_s"], out[f"{name}_tok_s"] = tokens, seconds, tokens / seconds
+    for name, (tokens, seconds, cpu) in totals.items():
+        out[f"{name}_tokens"], out[f"{name}_s"], out[f"{name}_cpu_s"] = tokens, seconds, cpu
+        out[f"{name}_tok_s"], out[f"{name}_tok_per_cpu_s"] = tokens / seconds, tokens / cpu
     if "vllm" in samplers:
         out["vllm_over_transformers"] = out["vllm_tok_s"] / out["transformers_tok_s"]
+        out["vllm_over_transformers_cpu"] = out["vllm_tok_per_cpu_s"] / out["transformers_tok_per_cpu_s"]
         syncs = [samplers["vllm"].sync_weights() for _ in range(3)]
         out["sync_s_mean"], out["sync_s_max"] = sum(syncs) / len(syncs), max(syncs)
         out["vllm_dtype"] = str(samplers["vllm"].dtype).removeprefix("torch.")
@@ -202,6 +213,7 @@ class TRLStep:
             output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
             use_cpu=next(model.parameters()).device.type == "cpu",
             bf16=False,  # autocast, where measured, wraps the call (what accelerate's bf16 does)
+            gradient_checkpointing=False,  # TRL's default is True; swarmnode's is False
             per_device_train_batch_size=self.rows,
             gradient_accumulation_steps=chunks,
             steps_per_generation=chunks,
@@ -291,18 +303,22 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
         if "trl_missing" not in out:
             theirs = TRLStep(copy.deepcopy(policy.model), policy.tokenizer, sequences, cfg, args.completions)
             sides["trl"] = lambda t=theirs, a=ours.autocast: t.step(a)
-        seconds = dict.fromkeys(sides, 0.0)
+        seconds, cpu = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0)
         for side in sides.values():  # warm-up
             side()
         for rep in range(args.repeats):
             for name, side in sides.items():
-                seconds[name] += timed(side)[1]
+                _, wall, used = cpu_timed(side)
+                seconds[name] += wall
+                cpu[name] += used
                 print(f"  train {mode} rep {rep} {name}: {seconds[name]:.1f} s so far", file=sys.stderr)
         precision = "fp32" if mode == "off" else "bf16 autocast"
         for name, total in seconds.items():
             out[f"{name}_{precision}_tok_s"] = tokens * args.repeats / total
+            out[f"{name}_{precision}_tok_per_cpu_s"] = tokens * args.repeats / cpu[name]
         if "trl" in sides:
             out[f"swarmnode_over_trl_{precision}"] = seconds["trl"] / seconds["swarmnode"]
+            out[f"swarmnode_over_trl_{precision}_cpu"] = cpu["trl"] / cpu["swarmnode"]
     return out
 
 

@@ -59,12 +59,16 @@ class KillRecord:
     newest_valid: int  # newest valid checkpoint round when it was restarted (0: none)
     corrupted: int | None  # the checkpoint round this kill corrupted, if any
     resumed: int | None = None  # the round the restarted node said it resumed from
-    corrupt_reported: bool | None = None
-    restart_to_round_s: float | None = None
+    corrupt_reported: bool | None = None  # it said it skipped the corrupt checkpoint, and why
 
 
 def _rounds_logged(node: NodeProc) -> int:
     return sum(1 for line in node.lines if ROUND_RE.match(line))
+
+
+def _checkpoint_failures(lines: list[str]) -> int:
+    """The node's "checkpoint of round N failed (...)" warnings."""
+    return sum("checkpoint of round" in line and "failed" in line for line in lines)
 
 
 def _wait(condition, timeout_s: float, period_s: float = 0.5) -> bool:
@@ -179,10 +183,11 @@ class Chaos:
         self._event(f"node02 disk filled ({free - DISK_HEADROOM} bytes written, ~{DISK_HEADROOM} left)")
         return filler
 
-    def _kill_one(self, bootstrap: str) -> bool:
-        """SIGKILL a random running node mid-round, maybe corrupt its newest checkpoint, restart it.
-        False when no node is left to kill (all near their last round)."""
+    def _kill_one(self, bootstrap: str, spare: str = "") -> bool:
+        """SIGKILL a random running node (not ``spare``) mid-round, maybe corrupt its newest checkpoint,
+        restart it. False when no node is left to kill (all near their last round)."""
         candidates = [n for n in self._running() if 2 <= _rounds_logged(self.procs[n]) < self.rounds - 1]
+        candidates = [n for n in candidates if n != spare]
         if not candidates:
             return False
         name = self.rng.choice(candidates)
@@ -200,18 +205,16 @@ class Chaos:
                             info.round if info else 0, corrupted)  # fmt: skip
         self.kill_records.append(record)
         self._event(f"SIGKILL {name} after {record.rounds_logged} rounds; corrupted checkpoint {corrupted}")
-        restarted = time.monotonic()
-        node = self._start(name, [bootstrap], restart=True)
-        if _wait(lambda: _rounds_logged(node) >= 1 or node.proc.poll() is not None, 300):
-            record.restart_to_round_s = round(time.monotonic() - restarted, 1)
-        resumed = [m for m in map(RESUMED_RE.search, node.lines) if m]
-        record.resumed = int(resumed[0].group(2)) if resumed else 0
-        if corrupted is not None:
-            record.corrupt_reported = any(
-                "skipping checkpoint" in line and "checksum" in line for line in node.lines
-            )
-        self._event(f"{name} restarted: resumed from round {record.resumed}")
+        self._start(name, [bootstrap], restart=True)
         return True
+
+    def _restarts(self) -> list[NodeProc]:
+        """The process started after each kill, in kill order (the next one of that run folder)."""
+        runs = [*self.retired, *self.procs.values()]
+        out = []
+        for i, killed in enumerate(self.retired):
+            out.append(next(p for p in runs[i + 1 :] if p.run_dir == killed.run_dir))
+        return out
 
     # -- the run -----------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -228,15 +231,20 @@ class Chaos:
                     self._start(f"node{i:02d}", [bootstrap])
                 for name in self.procs:
                     self._until_rounds(name, 2)
-                kills = int(self.kills > 0 and self._kill_one(bootstrap))
+                jumped_at = _rounds_logged(self.procs["node01"])
                 self._jump_clock(self.clock_jump_s)
                 filler = self._fill_disk() if self.disk_full else None
-                self._after_rounds("node01", 2)
-                self._jump_clock(0.0)
-                if filler is not None:
-                    self._after_rounds("node02", self.checkpoint_every)  # one checkpoint on the full disk
+                kills = int(self.kills > 0 and self._kill_one(bootstrap, spare="node01"))
+                if filler is not None:  # freed once a checkpoint has failed on it
+                    disk_node = self.procs["node02"]
+                    _wait(
+                        lambda: _checkpoint_failures(disk_node.lines) or disk_node.proc.poll() is not None,
+                        300,
+                    )
                     filler.unlink()
                     self._event("node02 disk freed")
+                self._until_rounds("node01", jumped_at + 2)
+                self._jump_clock(0.0)
                 while kills < self.kills and not self._out_of_time() and self._kill_one(bootstrap):
                     kills += 1
                 for node in list(self.procs.values()):
@@ -251,6 +259,13 @@ class Chaos:
             return self._report(timed_out)  # before the tmpfs goes
 
     def _report(self, timed_out: bool) -> dict:
+        for record, node in zip(self.kill_records, self._restarts(), strict=True):
+            resumed = [m for m in map(RESUMED_RE.search, node.lines) if m]
+            record.resumed = int(resumed[0].group(2)) if resumed else 0
+            if record.corrupted is not None:
+                record.corrupt_reported = any(
+                    "skipping" in line and "checksum" in line for line in node.lines
+                )
         per_node = {}
         for name, node in self.procs.items():
             records = read_jsonl(self.dirs[name] / "metrics.jsonl")
@@ -262,9 +277,7 @@ class Chaos:
                 "rounds": [r["round"] for r in records],
                 "max_share_s": round(max((r["seconds_share"] for r in records), default=0.0), 2),
                 "final_checkpoint": final.round if final else None,
-                "checkpoint_failures": sum(
-                    "checkpoint of round" in line and "failed" in line for line in lines
-                ),
+                "checkpoint_failures": _checkpoint_failures(lines),
                 "tracebacks": sum("Traceback" in line for line in node.lines),
                 "rejected": _status(self.dirs[name]).get("rejected", {}),
             }

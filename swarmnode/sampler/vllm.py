@@ -78,6 +78,7 @@ class VLLMSampler(Sampler):
         # OMP_NUM_THREADS keeps the thread count the node chose.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the round log
         from vllm import LLM
 
         # Only the config and the tokenizer: the engine's weights come from sync_weights below.

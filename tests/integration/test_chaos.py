@@ -3,8 +3,9 @@
 A swarm of three tiny nodes joined through a bootstrap: one node's clock jumps 20 s mid-run and back, one
 node's disk fills up (a real tmpfs) for two of its rounds, one node is SIGKILLed mid-round and its newest
 checkpoint corrupted before it restarts. No node crashes or waits past its deadline, the restarted node
-resumes from its newest valid checkpoint and says which one it skipped, no round is lost. Needs root
-(mount); skipped otherwise.
+resumes from its newest valid checkpoint and says which one it skipped, no round is lost. Then links
+between network namespaces are cut and restored, and a host drops inbound connections (nft). Needs root
+(mount, ip netns) and nftables; skipped otherwise.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
-from benchmarks.chaos import run_chaos
+from benchmarks.chaos import SLACK_S, run_chaos
 from swarmnode import checkpoint
+from tests.integration import netns
+from tests.integration.swarm_procs import NodeProc, start_bootstrap, start_node
 from tests.unit.test_checkpoint import save, trained
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
 
 @pytest.fixture
@@ -34,6 +38,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", str(path)], check=True)
 
 
+@needs_root
 def test_a_checkpoint_that_does_not_fit_fails_cleanly(small_disk):
     model, optimizer = trained()
     first = save(small_disk, 1, model, optimizer)
@@ -43,6 +48,7 @@ def test_a_checkpoint_that_does_not_fit_fails_cleanly(small_disk):
     assert checkpoint.newest_valid(small_disk).round == 1
 
 
+@needs_root
 def test_swarm_survives_kill_corruption_full_disk_and_clock_jump(tmp_path):
     report = run_chaos(
         tmp_path, nodes=3, rounds=6, kills=1, deadline_s=5.0, checkpoint_every=2, clock_jump_s=20.0,
@@ -56,3 +62,83 @@ def test_swarm_survives_kill_corruption_full_disk_and_clock_jump(tmp_path):
     [kill] = report["kills"]
     assert kill["corrupted"] is not None and kill["corrupt_reported"]
     assert report["per_node"]["node02"]["checkpoint_failures"] >= 1
+
+
+# --- network faults between hosts (network namespaces, tests/integration/netns.py) ---------------------
+
+NETNS_REASON = netns.unavailable_reason(nft=True)
+NET_DEADLINE_S = 6.0
+NET_ROUNDS = 8
+
+
+def _net_args() -> list[str]:
+    return [
+        "--config", "node_configs/local-swarm.yaml",
+        "--rounds", str(NET_ROUNDS),
+        "--set", "swarm.swarm_id=it-chaos-net",
+        "--set", 'swarm.host_maddrs=["/ip4/0.0.0.0/tcp/0"]',
+        "--set", "swarm.min_peers=2",
+        "--set", "swarm.wait_for_peers_s=120",
+        "--set", f"swarm.share_deadline_s={NET_DEADLINE_S}",
+        "--set", "run.checkpoint_every=4",
+    ]  # fmt: skip
+
+
+def _rounds(node: NodeProc) -> int:
+    return sum(1 for line in node.lines if line.startswith("round "))
+
+
+def _until(node: NodeProc, rounds: int, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _rounds(node) < rounds and node.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+@pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
+def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
+    """Three hosts and a bootstrap on a bridge. Host c's cable is pulled for two of its rounds and
+    plugged back; then host b drops every new inbound TCP connection for two rounds. Every node finishes
+    every round, none waits past its deadline, and c trains on peer groups again once reconnected."""
+    procs: list[NodeProc] = []
+    events = {}
+    try:
+        with netns.make_network(["boot", "a", "b", "c"], net=78) as net:
+            boot = start_bootstrap(tmp_path / "boot", "--port", "31337", prefix=net["boot"].exec_args())
+            procs.append(boot)
+            hint = boot.wait_for_line(f"/ip4/{net['boot'].ip}/tcp/31337/p2p/", 90)
+            peers = [hint.split("--peers ", 1)[1].strip()]
+            nodes = {
+                name: start_node(tmp_path / name, *_net_args(), peers=peers, prefix=net[name].exec_args())
+                for name in ("a", "b", "c")
+            }
+            procs += nodes.values()
+            for node in nodes.values():
+                _until(node, 2)
+            net["c"].link_down()
+            cut_at = _rounds(nodes["c"])
+            _until(nodes["c"], cut_at + 2)
+            net["c"].link_up()
+            events["c_restored_after_round"] = _rounds(nodes["c"])
+            events["c_accepted_before_restore"] = nodes["c"].status()["rollouts"]["groups_accepted"]
+            _until(nodes["b"], _rounds(nodes["b"]) + 1)
+            net["b"].drop_inbound_tcp()
+            _until(nodes["b"], _rounds(nodes["b"]) + 2)
+            events["b_dropped_syns"] = net["b"].dropped_syns()
+            net["b"].allow_inbound_tcp()
+            for node in nodes.values():
+                assert node.wait(timeout_s=300) == 0, node.output()
+    finally:
+        for proc in procs:
+            proc.stop()
+
+    shares = {}
+    for name, node in nodes.items():
+        records = node.metrics()
+        assert [r["round"] for r in records] == list(range(1, NET_ROUNDS + 1)), node.output()
+        shares[name] = [round(r["seconds_share"], 1) for r in records]
+        assert max(shares[name]) <= NET_DEADLINE_S + SLACK_S, (name, shares[name], node.output())
+        assert node.status()["rejected"] == {}, node.status()
+    # c exchanged again after its link came back (unless it had no round left to do so)
+    if events["c_restored_after_round"] < NET_ROUNDS - 1:
+        assert nodes["c"].status()["rollouts"]["groups_accepted"] > events["c_accepted_before_restore"]
+    print(f"\nnetwork chaos: {json.dumps(events)}; seconds_share per round {json.dumps(shares)}")

@@ -16,8 +16,9 @@ from swarmnode.batching import (
     to_sequences,
 )
 from swarmnode.config import ModelConfig, TinyModelConfig
-from swarmnode.policy import Policy, load_policy
+from swarmnode.policy import Policy, bf16_native, load_policy
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
+from swarmnode.trainer import autocast_dtype
 
 CPU = torch.device("cpu")
 
@@ -185,3 +186,26 @@ def test_completion_logprobs_match_unpadded_per_sequence_values(policies, family
             logp[p - 1 : p - 1 + c].gather(-1, torch.tensor(seq.completion_ids).unsqueeze(-1)).squeeze(-1)
         )
         torch.testing.assert_close(padded[row, width - c :], direct, rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
+def test_bf16_autocast_runs_the_forward_in_bf16_and_stays_close_to_fp32(policies) -> None:
+    """The learner's mixed precision: bf16 matmuls over fp32 weights, log-softmax in fp32."""
+    policy = policies["llama"]
+    tok = policy.tokenizer
+    prompt = tuple(encode_prompt(tok, "What is 2 + 3?"))
+    seqs = [TrainSequence(prompt, tuple(range(40, 40 + n)), 1.0, None, group=None) for n in (3, 9)]  # type: ignore[arg-type]
+    batch = pad_batch(seqs, tok.pad_token_id, policy.device)
+
+    full = completion_logprobs(policy.model, batch)
+    mixed = completion_logprobs(policy.model, batch, autocast=torch.bfloat16)
+
+    mask = batch.completion_mask
+    assert mixed.dtype == torch.float32 and next(policy.model.parameters()).dtype == torch.float32
+    gap = (full - mixed)[mask].abs()
+    assert 0 < gap.max().item() < 0.05  # bf16 rounding: present, and small
+
+    assert autocast_dtype("off", CPU, torch.float32) is None
+    assert autocast_dtype("bfloat16", CPU, torch.float32) == torch.bfloat16
+    assert autocast_dtype("bfloat16", CPU, torch.bfloat16) is None  # bf16 weights: nothing to autocast
+    assert autocast_dtype("auto", CPU, torch.float32) == (torch.bfloat16 if bf16_native(CPU) else None)

@@ -4,9 +4,11 @@ import pytest
 import torch
 
 from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch
-from swarmnode.config import ModelConfig, TinyModelConfig
+from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
 from swarmnode.policy import load_policy
+from swarmnode.sampler import make_sampler
 from swarmnode.sampler.hf import HFSampler
+from swarmnode.sampler.vllm import unavailable
 
 
 @pytest.mark.parametrize(("family", "temperature"), [("llama", 1.0), ("qwen2", 0.7)])
@@ -43,3 +45,20 @@ def test_same_seed_same_samples():
     other = sampler.sample(prompt, 4, max_new_tokens=8, temperature=1.0, seed=4)
     assert first == again
     assert first != other
+
+
+def test_a_backend_that_cannot_run_falls_back_to_transformers_and_says_why_once():
+    """Without vLLM (or with vLLM but a model it has no kernels for, as the tiny one on CPU) the node
+    samples with transformers and logs one line that says why."""
+    policy = load_policy(ModelConfig(name="tiny"))
+    for backend in ("vllm", "auto"):
+        messages: list[str] = []
+        sampler = make_sampler(SamplingConfig(backend=backend), policy, log=messages.append)
+        assert isinstance(sampler, HFSampler)
+        assert len(messages) == 1 and messages[0].startswith(f"sampling.backend={backend}: ")
+        assert messages[0].endswith("; sampling with transformers")
+        assert unavailable(policy.model) in messages[0]
+    messages = []
+    assert isinstance(make_sampler(SamplingConfig(backend="hf"), policy, log=messages.append), HFSampler)
+    assert messages == []
+    assert sampler.sync_weights() == 0.0  # shares the trainer's model: nothing to copy

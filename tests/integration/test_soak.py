@@ -1,0 +1,23 @@
+"""Soak, short version (the long one: benchmarks/soak.py, 16 nodes x 50 rounds, in docs/reliability.md).
+
+Four tiny nodes for eight rounds, sampled from /proc every second: no errors, no rejections, no round
+waiting past its deadline, every node accepting peer groups, and open files flat. Memory is bounded
+loosely here (eight rounds are mostly warm-up); the long run measures its slope.
+"""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.soak import check, run_soak
+
+
+def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):
+    report = run_soak(
+        tmp_path, nodes=4, rounds=8, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=1.0,
+        time_limit_s=420.0,
+    )  # fmt: skip
+    print(f"\nsoak: {json.dumps(report['summary'])}")
+    assert check(report, max_rss_slope_kib=4096.0, max_fds_slope=0.5) == [], json.dumps(report, indent=1)
+    for node in report["per_node"]:  # open files: the same at the end of the window as at its start
+        assert abs(node["fds_total_last"] - node["fds_total_first"]) <= 2, node
