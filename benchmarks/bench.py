@@ -10,7 +10,7 @@ sides of a comparison run in one process on the same model, prompts and batch, i
 after an untimed warm-up of each), so their ratio holds on a loaded machine; absolute numbers move
 with the load, which the header reports. Results and their reading: docs/performance.md.
 
-- sample: ``questions`` prompts from the default task mix x ``completions`` samples, temperature 1,
+- sample: ``questions`` prompts from ``--config``'s task mix x ``completions`` samples, temperature 1,
   at most ``max_new_tokens`` each, through the two backends' ``Sampler.sample``; tokens/s = sampled
   tokens / wall seconds. Also the vLLM engine's start time, ``sync_weights`` seconds, and how far
   its behaviour log-probs are from the learner's on the same tokens.
@@ -29,7 +29,6 @@ GQA 14/2) and the embedded tokenizer's 49k vocabulary (0.40B parameters) -- mean
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.metadata
 import json
 import os
@@ -46,7 +45,7 @@ import torch  # noqa: E402
 
 from benchmarks.common import describe_machine, machine_info, read_jsonl  # noqa: E402
 from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch  # noqa: E402
-from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TasksConfig, TrainConfig  # noqa: E402
+from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config  # noqa: E402
 from swarmnode.policy import Policy, bf16_native, embedded_model_folder, load_policy, tokenizer_fingerprint  # noqa: E402
 from swarmnode.sampler import vllm as vllm_backend  # noqa: E402
 from swarmnode.sampler.hf import HFSampler  # noqa: E402
@@ -87,9 +86,10 @@ def build_policy(model: str, device: str) -> Policy:
     )
 
 
-def bench_prompts(policy: Policy, questions: int) -> list[list[int]]:
-    bank = TaskBank(TasksConfig(), default_seed=0)
-    return [encode_prompt(policy.tokenizer, bank.question(ref).text) for ref in bank.draw(1, questions)]
+def bench_prompts(args, policy: Policy) -> list[list[int]]:
+    """``args.questions`` questions of the ``--config`` file's task mix (the round benchmark's too)."""
+    bank = TaskBank(load_config(args.config).tasks, default_seed=0)
+    return [encode_prompt(policy.tokenizer, bank.question(ref).text) for ref in bank.draw(1, args.questions)]
 
 
 def versions() -> str:
@@ -132,7 +132,7 @@ def make_samplers(policy: Policy) -> tuple[dict, dict]:
 
 
 def bench_sample(args, policy: Policy, samplers: dict) -> dict:
-    prompts = bench_prompts(policy, args.questions)
+    prompts = bench_prompts(args, policy)
     out: dict = {
         "batch": f"{args.questions} prompts x {args.completions} samples, <= {args.max_new_tokens} tokens"
     }
@@ -187,7 +187,7 @@ def logprob_gap(policy: Policy, prompts, groups) -> torch.Tensor:
 
 def train_batch(args, policy: Policy, sampler) -> list[TrainSequence]:
     """One round's completions (sampled once), advantages +1/-1 alternating."""
-    prompts = bench_prompts(policy, args.questions)
+    prompts = bench_prompts(args, policy)
     groups = sampler.sample(
         prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0
     )
@@ -200,7 +200,12 @@ def train_batch(args, policy: Policy, sampler) -> list[TrainSequence]:
 
 class TRLStep:
     """TRL's GRPO loss (``GRPOTrainer.compute_loss``) on TRL's own batch layout, + backward, gradient
-    clipping and AdamW with swarmnode's settings: what one TRL optimizer step over the batch costs."""
+    clipping and the given optimizer's step: what one TRL optimizer step over the batch costs.
+
+    It trains the same model object as the swarmnode side, with the same AdamW (one set of weights,
+    gradients and optimizer state in memory, not two); the steps alternate, so each side starts from
+    weights one tiny (lr 1e-6) step apart, which changes no timing.
+    """
 
     def __init__(self, model, tokenizer, sequences: list[TrainSequence], cfg: TrainConfig, completions: int):
         from datasets import Dataset
@@ -234,7 +239,6 @@ class TRLStep:
             processing_class=tokenizer,
         )
         self.trainer.current_gradient_accumulation_steps = chunks
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
         self.max_grad_norm = cfg.max_grad_norm
         self.inputs = self._layout(sequences, tokenizer.pad_token_id, next(model.parameters()).device)
 
@@ -267,7 +271,7 @@ class TRLStep:
             for i in range(0, n, self.rows)
         ]
 
-    def step(self, autocast: torch.dtype | None) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, autocast: torch.dtype | None) -> None:
         self.model.train()
         device_type = next(self.model.parameters()).device.type
         for chunk in self.inputs:
@@ -275,8 +279,8 @@ class TRLStep:
                 loss = self.trainer.compute_loss(self.model, chunk)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def bench_train(args, policy: Policy, samplers: dict) -> dict:
@@ -287,22 +291,22 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
         f"{sum(s.length for s in sequences)} tokens in all",
     }
     modes = ["off"] + (["bfloat16"] if bf16_native(policy.device) and policy.dtype == torch.float32 else [])
+    cfg = TrainConfig(lr=1e-6)
+    theirs = None
     try:
-        import trl  # noqa: F401
+        theirs = TRLStep(policy.model, policy.tokenizer, sequences, cfg, args.completions)
     except ImportError:
         out["trl_missing"] = "TRL is not installed (pip install -e '.[bench]')"
     for mode in modes:
-        cfg = TrainConfig(autocast=mode, lr=1e-6)
         ours = Trainer(
-            copy.deepcopy(policy.model),
+            policy.model,
             policy.tokenizer.pad_token_id,
-            cfg,
+            cfg.model_copy(update={"autocast": mode}),
             offpolicy=OffPolicyConfig(local="none"),
         )
         sides = {"swarmnode": lambda t=ours: t.step(sequences)}
-        if "trl_missing" not in out:
-            theirs = TRLStep(copy.deepcopy(policy.model), policy.tokenizer, sequences, cfg, args.completions)
-            sides["trl"] = lambda t=theirs, a=ours.autocast: t.step(a)
+        if theirs is not None:
+            sides["trl"] = lambda t=ours: theirs.step(t.optimizer, t.autocast)
         seconds, cpu = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0)
         for side in sides.values():  # warm-up
             side()
@@ -326,24 +330,37 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
 
 
 def bench_round(args) -> dict:
+    """Both backends' solo runs at the same time, so that both meet the same machine load (on a shared
+    machine that load moves more between two consecutive runs than between two concurrent ones)."""
     out: dict = {
-        "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B"
+        "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B",
+        "load_at_start": os.getloadavg()[0],
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
+    procs = {}
     for backend in ("hf", "vllm"):
         cmd = [
             sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(args.config),
             "--rounds", str(args.rounds), "--run-dir", str(workdir / backend),
             "--set", f"sampling.backend={backend}", "--set", "run.metrics_port=null",
         ]  # fmt: skip
-        load = os.getloadavg()[0]
-        proc, wall = timed(lambda c=cmd: subprocess.run(c, cwd=REPO, capture_output=True, text=True))
+        log = (workdir / f"{backend}.log").open("w")
+        procs[backend] = (
+            subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
+            time.perf_counter(),
+        )
+    while any(f"{b}_command_wall_s" not in out for b in procs):
+        time.sleep(1)
+        for backend, (proc, start) in procs.items():
+            if f"{backend}_command_wall_s" not in out and proc.poll() is not None:
+                out[f"{backend}_command_wall_s"] = time.perf_counter() - start
+    for backend, (proc, _) in procs.items():
         if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+            raise SystemExit(f"the {backend} run failed, see {workdir / backend}.log")
+        out[f"{backend}_used_vllm"] = (
+            "sampling with transformers" not in (workdir / f"{backend}.log").read_text()
+        )
         records = read_jsonl(workdir / backend / "metrics.jsonl")
-        out[f"{backend}_command_wall_s"] = wall
-        out[f"{backend}_load_at_start"] = load
-        out[f"{backend}_used_vllm"] = "sampling with transformers" not in proc.stderr
         for record in records:
             row = {phase: record.get(f"seconds_{phase}", 0.0) for phase in PHASES}
             row["total"] = record["seconds_total"]

@@ -309,9 +309,13 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
                 + " |"
             )
         lines.append("")
+    notes = [f"- {name}: {info['note']}" for name, info in infos.items() if info.get("note")]
+    if notes:
+        lines += ["Notes on the runs:", "", *notes, ""]
     lines += [
         f"![moving-average reward per round]({args.plot.name})",
         "",
+        f"All arms are compared over the first {min(r['rounds'] for r in results.values())} rounds. "
         "Columns: cumulative reward = sum over rounds of the mean reward of the node's own fresh "
         "completions, averaged over nodes (task score + format bonus); task score excludes the format "
         "bonus; informative local groups = share of own groups whose rewards were not all equal (the "
@@ -353,6 +357,9 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_arm's stop_all
+    # a script started in the background by a shell inherits SIGINT ignored, and so would its nodes, which
+    # stop_all ends with SIGINT: restore Python's handler (the nodes then get the default after exec)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     args.plot = args.plot or args.report.with_suffix(".png")
     args.config = args.config.resolve()
     arms = build_arms(args.groups, args.splits, args.replay_groups)
@@ -391,12 +398,19 @@ def main() -> int:
             continue
         info = json.loads(info_path.read_text())
         per_node = arm_records(args.workdir / arm.slug, info)
-        if all(per_node):
+        if all(per_node):  # every node ran at least one round (an arm cut short is compared as far as it got)
             results[arm.name] = summarize(arm, per_node)
             infos[arm.name] = info
     if not results:
-        print("no complete arm to report", file=sys.stderr)
+        print("no arm to report", file=sys.stderr)
         return 1
+    common = min(r["rounds"] for r in results.values())
+    if any(r["rounds"] > common for r in results.values()):  # an arm cut short: compare like with like
+        print(f"comparing every arm over its first {common} rounds", file=sys.stderr)
+        for arm in arms:
+            if arm.name in results:
+                per_node = [node[:common] for node in arm_records(args.workdir / arm.slug, infos[arm.name])]
+                results[arm.name] = summarize(arm, per_node)
     plot(arms, results, args.plot, args.window)
     args.report.write_text(report(arms, results, infos, args, machine))
     print(f"report: {args.report}\nplot: {args.plot}", file=sys.stderr)

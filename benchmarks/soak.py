@@ -3,9 +3,12 @@
 It starts N real ``swarmnode join`` processes on 127.0.0.1 (node_configs/tiny.yaml, one torch thread
 each, a checkpoint every ``--checkpoint-every`` rounds), one bootstrap and N-1 joining it, all waiting
 for each other before round 1. While they run, a sampler reads every node's process tree from /proc
-(psutil) every ``--period`` seconds: resident memory (RSS) and open file descriptors of the node
-process, of its hivemind DHT process and of its p2pd, plus the node's completed rounds
-(metrics.jsonl) and its accepted peer groups (status.json).
+(psutil) every ``--period`` seconds: resident memory (RSS, and its anonymous part, RssAnon) and open
+file descriptors of the node process, of its hivemind DHT process and of its p2pd, plus the node's
+completed rounds (metrics.jsonl) and its accepted peer groups (status.json). The checks use RssAnon:
+a leak grows it, while RSS also moves when the kernel reclaims and re-reads file-backed pages (shared
+libraries, mapped files), which it does a lot on a machine short of memory; there is no swap here, so
+anonymous pages stay resident.
 
 Per node and round the peak of each series while that round ran is kept; the slope per round is the
 least-squares fit over the rounds after ``--warmup`` (allocator and cache warm-up) and before the last
@@ -40,7 +43,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import describe_machine, machine_info, read_jsonl, stop_all  # noqa: E402
 from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
 
-SERIES = ("rss_node", "rss_dht", "rss_p2pd", "rss_total", "fds_node", "fds_dht", "fds_p2pd", "fds_total")
+KINDS = ("node", "dht", "p2pd")
+SERIES = tuple(f"{what}_{kind}" for what in ("rss", "anon", "fds") for kind in (*KINDS, "total"))
 ERROR_MARKERS = ("Traceback", "ERROR", "CRITICAL", "Exception")
 
 
@@ -69,6 +73,17 @@ def _tree(pid: int) -> dict[str, list[psutil.Process]]:
     return kinds
 
 
+def _rss_anon_kib(pid: int) -> float:
+    """RssAnon of a process, in KiB (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
 def _count_lines(path: Path) -> int:
     try:
         return path.read_bytes().count(b"\n")
@@ -94,13 +109,14 @@ def sample_node(node: NodeProc) -> Sample | None:
                 try:
                     with proc.oneshot():
                         values[f"rss_{kind}"] += proc.memory_info().rss / 1024
+                        values[f"anon_{kind}"] += _rss_anon_kib(proc.pid)
                         values[f"fds_{kind}"] += proc.num_fds()
                 except psutil.Error:
                     continue
     except psutil.Error:
         return None
-    values["rss_total"] = values["rss_node"] + values["rss_dht"] + values["rss_p2pd"]
-    values["fds_total"] = values["fds_node"] + values["fds_dht"] + values["fds_p2pd"]
+    for what in ("rss", "anon", "fds"):
+        values[f"{what}_total"] = sum(values[f"{what}_{kind}"] for kind in KINDS)
     return Sample(time.time(), _count_lines(node.run_dir / "metrics.jsonl"), _accepted(node.run_dir), values)
 
 
@@ -161,10 +177,11 @@ def analyse_node(
         out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
         out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
         out[f"{name}_max"] = max(peaks.values(), default=None)
-    # rounds in the window during which the node accepted new peer groups
+    # rounds in the window during which the node accepted new peer groups (a sample taken with r rounds
+    # completed was taken during round r + 1)
     accepted_by_round: dict[int, int] = {}
     for s in trace.samples:
-        accepted_by_round[s.round] = max(accepted_by_round.get(s.round, 0), s.accepted)
+        accepted_by_round[s.round + 1] = max(accepted_by_round.get(s.round + 1, 0), s.accepted)
     exchanged = 0
     previous = 0
     for r in range(1, rounds + 1):
@@ -198,6 +215,7 @@ def summarise(nodes: list[dict]) -> dict:
     return {
         **{f"{name}_slope": stats(f"{name}_slope") for name in SERIES},
         "rss_total_last_kib": stats("rss_total_last"),
+        "anon_total_last_kib": stats("anon_total_last"),
         "fds_total_last": stats("fds_total_last"),
         "max_share_s": max((n["max_share_s"] for n in nodes), default=0.0),
         "rounds_completed": stats("rounds"),
@@ -291,8 +309,8 @@ def check(report: dict, *, max_rss_slope_kib: float, max_fds_slope: float) -> li
             problems.append(f"{name}: {n['over_deadline_rounds']} rounds waited past the deadline")
         if n["rounds_exchanging"] < n["window_rounds"] * 0.8:
             problems.append(f"{name}: accepted peer groups in only {n['rounds_exchanging']} rounds")
-        if n["rss_total_slope"] > max_rss_slope_kib:
-            problems.append(f"{name}: memory grows {n['rss_total_slope']} KiB/round")
+        if n["anon_total_slope"] > max_rss_slope_kib:
+            problems.append(f"{name}: anonymous memory grows {n['anon_total_slope']} KiB/round")
         if n["fds_total_slope"] > max_fds_slope:
             problems.append(f"{name}: open files grow {n['fds_total_slope']} per round")
     return problems

@@ -153,7 +153,7 @@ class TrainConfig(_Strict):
     autocast: Literal["auto", "off", "bfloat16"] = Field(
         "auto",
         description="Mixed precision for the learner's forward pass (weights and optimizer stay in "
-        "model.dtype); auto = bfloat16 where the hardware has it natively (CUDA, CPUs with AVX512-BF16/AMX).",
+        "model.dtype, float32 weights only); auto = bfloat16 on CUDA, off on CPU (see docs/performance.md).",
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 

@@ -47,6 +47,7 @@ MAX_SEEN_GROUPS = 65536  # content digests remembered for dedup (~100 B each)
 MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
 MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so each is logged once
 MAX_FETCH_ATTEMPTS = 2
+MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"
@@ -186,7 +187,13 @@ class Swarm:
 
     # -- publishing ------------------------------------------------------------------------------
 
-    def publish_roster(self, round_: int, policy_version: int) -> None:
+    def _dht_wait(self, deadline: float | None, default: float) -> float:
+        """How long a DHT call may take: what is left until ``deadline`` (monotonic), if there is one.
+        A peer that died or a congested DHT can make each call wait its full timeout; within an exchange
+        they share the share deadline instead of adding their timeouts to it."""
+        return default if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
+
+    def publish_roster(self, round_: int, policy_version: int, deadline: float | None = None) -> None:
         card = P.RosterCard(
             peer_id=self.identity.peer_id,
             swarm_id=self.swarm_id,
@@ -200,10 +207,13 @@ class Swarm:
         )
         record = P.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(
-            P.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s
-        )
+            P.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            timeout_s=self._dht_wait(deadline, self.transport.record_timeout_s),
+        )  # fmt: skip
 
-    def publish(self, round_: int, policy_version: int, groups: list[RolloutGroup]) -> None:
+    def publish(
+        self, round_: int, policy_version: int, groups: list[RolloutGroup], deadline: float | None = None
+    ) -> None:
         groups = groups[: P.MAX_GROUPS_PER_BATCH]
         if not groups:
             return
@@ -225,8 +235,9 @@ class Swarm:
         self.transport.offer(announcement.payload_sha256, data)
         record = P.encode_message(self.identity, self.swarm_id, announcement)
         stored = self.transport.put_record(
-            P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s
-        )
+            P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            timeout_s=self._dht_wait(deadline, self.transport.record_timeout_s),
+        )  # fmt: skip
         self._trace(
             "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
             stored=time.time(), ok=stored, groups=len(groups), bytes=len(data),
@@ -236,10 +247,11 @@ class Swarm:
 
     # -- collecting ------------------------------------------------------------------------------
 
-    def _live_peers(self) -> set[str]:
+    def _live_peers(self, deadline: float | None = None) -> set[str]:
         """Compatible peers in the roster (foreign or incompatible ones are ignored with one line)."""
         live = set()
-        for peer, record in self.transport.get_records(P.roster_key(self.swarm_id)).items():
+        records = self.transport.get_records(P.roster_key(self.swarm_id), self._dht_wait(deadline, 5.0))
+        for peer, record in records.items():
             if peer == self.identity.peer_id:
                 continue
             try:
@@ -283,7 +295,7 @@ class Swarm:
     def poll(self, round_: int, deadline: float) -> None:
         """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
         t_get = time.time()
-        records = self.transport.get_records(P.announce_key(self.swarm_id))
+        records = self.transport.get_records(P.announce_key(self.swarm_id), self._dht_wait(deadline, 5.0))
         t_seen = time.time()
         for peer, record in records.items():
             if peer == self.identity.peer_id:
@@ -361,12 +373,12 @@ class Swarm:
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
         t_start = time.time()
-        self.publish_roster(round_, policy_version)
-        self.publish(round_, policy_version, local)
-        deadline = time.monotonic() + self.cfg.swarm.share_deadline_s
+        deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
+        self.publish_roster(round_, policy_version, deadline)
+        self.publish(round_, policy_version, local, deadline)
         # The peers to wait for are read once: one joining mid-exchange has no batch for it yet, and the
         # roster is a whole-key DHT get that would otherwise double every poll's cost.
-        live = self._live_peers()
+        live = self._live_peers(deadline)
         while True:
             self.poll(round_, deadline)
             live = {peer for peer in live if not self.book.is_banned(peer)}  # banned meanwhile: stop waiting

@@ -416,8 +416,11 @@ class Transport:
     # ------------------------------------------------------------------------------------------
     # DHT records
     # ------------------------------------------------------------------------------------------
-    def put_record(self, key: str, subkey: str, value: bytes, ttl_s: float) -> bool:
-        """Store ``value`` under (key, subkey) for ``ttl_s`` seconds. False if the DHT did not take it.
+    def put_record(
+        self, key: str, subkey: str, value: bytes, ttl_s: float, timeout_s: float | None = None
+    ) -> bool:
+        """Store ``value`` under (key, subkey) for ``ttl_s`` seconds. False if the DHT did not take it
+        within ``timeout_s`` (at most ``record_timeout_s``, the default).
 
         Raises TransportError("oversize") for a value over MAX_RECORD_BYTES: hivemind's DHT worker
         process dies on large values, so they are refused here, before they reach it.
@@ -443,7 +446,10 @@ class Transport:
                 return_future=True,
             )
             try:
-                ok = bool(future.result(timeout=self.record_timeout_s))
+                timeout = (
+                    self.record_timeout_s if timeout_s is None else min(timeout_s, self.record_timeout_s)
+                )
+                ok = bool(future.result(timeout=timeout))
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 raise

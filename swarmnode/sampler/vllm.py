@@ -27,14 +27,13 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from swarmnode.config import SamplingConfig
+from swarmnode.policy import bf16_native
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
 
 
 def vllm_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` = bfloat16 where the hardware computes in it natively, else float32."""
-    from swarmnode.policy import bf16_native
-
     if name == "auto":
         return torch.bfloat16 if bf16_native(device) else torch.float32
     return getattr(torch, name)

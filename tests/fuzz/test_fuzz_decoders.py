@@ -69,7 +69,7 @@ signed_mutants = st.sampled_from(STRUCTURE_SEEDS).flatmap(
 )
 
 
-@fuzz_settings(scale=3)
+@fuzz_settings()
 @given(signed_mutants)
 def test_signed_structural_mutants_are_rejected_or_reencode_exactly(mutant):
     msg_type, body = mutant

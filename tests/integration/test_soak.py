@@ -1,13 +1,16 @@
 """Soak, short version (the long one: benchmarks/soak.py, 16 nodes x 50 rounds, in docs/reliability.md).
 
 Four tiny nodes for eight rounds, sampled from /proc every second: no errors, no rejections, no round
-waiting past its deadline, every node accepting peer groups, and open files flat. Memory is bounded
-loosely here (eight rounds are mostly warm-up); the long run measures its slope.
+waiting past its deadline, every node accepting peer groups, and open files flat. Memory is only bounded
+grossly here (16 MiB a round: eight rounds are mostly allocator and first-checkpoint warm-up, in which a
+node's anonymous memory was seen to grow by up to 8 MiB a round); the long run measures its slope.
 """
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from benchmarks.soak import check, run_soak
 
@@ -18,6 +21,14 @@ def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):
         time_limit_s=420.0,
     )  # fmt: skip
     print(f"\nsoak: {json.dumps(report['summary'])}")
-    assert check(report, max_rss_slope_kib=4096.0, max_fds_slope=0.5) == [], json.dumps(report, indent=1)
+    assert check(report, max_rss_slope_kib=16384.0, max_fds_slope=0.5) == [], json.dumps(report, indent=1)
     for node in report["per_node"]:  # open files: the same at the end of the window as at its start
         assert abs(node["fds_total_last"] - node["fds_total_first"]) <= 2, node
+
+
+@pytest.mark.slow
+def test_sixteen_nodes_fifty_rounds(tmp_path):
+    """The long soak of docs/reliability.md (about 15 min on 2 cores): ``pytest -m slow``."""
+    report = run_soak(tmp_path, nodes=16, rounds=50, period_s=3.0)
+    print(f"\nsoak: {json.dumps(report['summary'])}")
+    assert check(report, max_rss_slope_kib=256.0, max_fds_slope=0.1) == [], json.dumps(report, indent=1)

@@ -11,12 +11,13 @@ from swarmnode.batching import (
     TrainSequence,
     completion_logprobs,
     encode_prompt,
+    head_logprobs,
     microbatches,
     pad_batch,
     to_sequences,
 )
 from swarmnode.config import ModelConfig, TinyModelConfig
-from swarmnode.policy import Policy, bf16_native, load_policy
+from swarmnode.policy import Policy, load_policy
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 from swarmnode.trainer import autocast_dtype
 
@@ -208,4 +209,22 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_stays_close_to_fp32(policies
     assert autocast_dtype("off", CPU, torch.float32) is None
     assert autocast_dtype("bfloat16", CPU, torch.float32) == torch.bfloat16
     assert autocast_dtype("bfloat16", CPU, torch.bfloat16) is None  # bf16 weights: nothing to autocast
-    assert autocast_dtype("auto", CPU, torch.float32) == (torch.bfloat16 if bf16_native(CPU) else None)
+    assert autocast_dtype("auto", CPU, torch.float32) is None  # CPU: only when asked for
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_head_has_exact_log_probs_and_gradients(temperature: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 11, (7,), generator=gen)
+
+    def chunked(h, w):
+        return head_logprobs(h, w, targets, temperature, chunk=3)  # 7 rows: chunks of 3, 3 and 1
+
+    reference = (hidden @ weight.T / temperature).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(chunked(hidden, weight), reference, rtol=0, atol=1e-12)
+    assert torch.autograd.gradcheck(chunked, (hidden, weight))
+    frozen = weight.detach()  # a frozen head (LoRA): no weight gradient is computed
+    chunked(hidden, frozen).sum().backward()
+    assert hidden.grad is not None and frozen.grad is None
