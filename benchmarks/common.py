@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -98,3 +99,20 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             break
     return out
+
+
+def wait_all(nodes: list[NodeProc], limit: float) -> bool:
+    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running."""
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            return True
+    return False
+
+
+def record_exit(info: dict, nodes: list[NodeProc], t0: float) -> None:
+    """Exit codes, wall time since the monotonic ``t0`` and the load, into a run's ``info``."""
+    info["exit_codes"] = [node.proc.returncode for node in nodes]
+    info["wall_s"] = round(time.monotonic() - t0, 1)
+    info["load_after"] = os.getloadavg()

@@ -45,7 +45,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import describe_machine, machine_info, read_jsonl, stop_all  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    describe_machine,
+    machine_info,
+    read_jsonl,
+    record_exit,
+    stop_all,
+    wait_all,
+)
 from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
 
 
@@ -167,18 +174,10 @@ def run_arm(arm: Arm, args: argparse.Namespace, keys: list[Path]) -> dict:
         for i in range(1, args.nodes):
             argv = node_args(arm, args, keys[i], swarm_id)
             nodes.append(start_node(arm_dir / f"node{i}", *argv, peers=peers, command=command))
-        limit = t0 + args.startup_timeout + args.rounds * args.round_timeout
-        for node in nodes:
-            try:
-                node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                info["timed_out"] = True
-                break
+        info["timed_out"] = wait_all(nodes, t0 + args.startup_timeout + args.rounds * args.round_timeout)
     finally:
         stop_all(nodes)
-    info["exit_codes"] = [node.proc.returncode for node in nodes]
-    info["wall_s"] = round(time.monotonic() - t0, 1)
-    info["load_after"] = os.getloadavg()
+    record_exit(info, nodes, t0)
     info["node_args_0"] = shlex.join(["swarmnode", command, *node_args(arm, args, keys[0], swarm_id)])
     for i, node in enumerate(nodes):
         if node.proc.returncode != 0:

@@ -40,7 +40,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import describe_machine, machine_info, read_jsonl, stop_all  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    describe_machine,
+    machine_info,
+    read_jsonl,
+    record_exit,
+    stop_all,
+    wait_all,
+)
 from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
 
 TRACE_ENV = "SWARMNODE_SHARE_TRACE"  # swarmnode.swarm.SHARE_TRACE_ENV (not imported: it pulls in torch)
@@ -77,19 +84,10 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[Pat
         bootstrap = nodes[0].address(timeout_s=args.startup_timeout)
         for d in dirs[1:]:
             nodes.append(start_node(d, *node_args(n, args, swarm_id), peers=[bootstrap]))
-        limit = t0 + args.startup_timeout + args.rounds * args.round_timeout
-        for node in nodes:
-            remaining = limit - time.monotonic()
-            try:
-                node.proc.wait(timeout=max(remaining, 0.1))
-            except Exception:
-                info["timed_out"] = True
-                break
+        info["timed_out"] = wait_all(nodes, t0 + args.startup_timeout + args.rounds * args.round_timeout)
     finally:
         stop_all(nodes)
-    info["exit_codes"] = [node.proc.returncode for node in nodes]
-    info["wall_s"] = round(time.monotonic() - t0, 1)
-    info["load_after"] = os.getloadavg()
+    record_exit(info, nodes, t0)
     failed = [(d, node) for d, node in zip(dirs, nodes, strict=False) if node.proc.returncode != 0]
     for d, node in failed[:2]:
         code = node.proc.returncode
