@@ -46,12 +46,13 @@ def machine_info(script: str) -> dict:
     }
 
 
-def describe_machine(machine: dict) -> str:
-    return (
-        f"{machine['cpu_model']}, {machine['usable_cores']}/{machine['cores']} cores, "
-        f"{machine['mem_gib']} GiB RAM ({machine['mem_available_gib']} GiB available), "
-        f"load {machine['loadavg']}"
-    )
+def describe_machine(machine: dict, now: bool = True) -> str:
+    """One line; ``now`` adds what is true only at this moment (free memory, load)."""
+    cores = f"{machine['usable_cores']}/{machine['cores']} cores"
+    line = f"{machine['cpu_model']}, {cores}, {machine['mem_gib']} GiB RAM"
+    if now:
+        line += f" ({machine['mem_available_gib']} GiB available), load {machine['loadavg']}"
+    return line
 
 
 def other_swarmnode_processes(script: str) -> list[str]:

@@ -36,6 +36,7 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -211,8 +212,12 @@ def summarize(arm: Arm, per_node: list[list[dict]]) -> dict:
     local_groups = sum(r["groups_local"] for r in rows)
     local_kept = sum(r["groups_kept"] - r["groups_external"] - r["groups_replayed"] for r in rows)
     tail = [r for node in per_node for r in node[-5:]]
+    per_node_sums = [sum(r["reward_mean"] for r in node) for node in per_node]
     return {
         "rounds": rounds,
+        "cumulative_reward_se": statistics.stdev(per_node_sums) / len(per_node) ** 0.5
+        if len(per_node) > 1
+        else float("nan"),
         "cumulative_reward": sum(r["reward_mean"] for r in rows) / len(per_node),
         "cumulative_task_score": sum(r["task_score_mean"] for r in rows) / len(per_node),
         "reward_per_round": per_round,
@@ -275,7 +280,8 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
         f"Config: `{args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config}`"
         + (f" with `{' '.join(args.set)}`" if args.set else "")
         + f", {args.groups} question groups per node and round, train.seed={args.seed}  ",
-        f"Machine: {describe_machine(machine)}  ",
+        f"Machine: {describe_machine(machine, now=False)}, shared with other work during the runs (load "
+        "before and after each arm in its `arm.json`)  ",
         f"Wall time: {sum(i['wall_s'] for i in infos.values()) / 60:.0f} min for the arms in this report "
         "(per arm below)",
         "",
@@ -297,8 +303,8 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
             rel = f"{(r['cumulative_reward'] / silo - 1) * 100:+.0f}%" if silo else "n/a"
             lines.append(
                 f"| {arm.name} | {arm.what} | {info['nodes']} x {info['rounds']} | "
-                f"{r['cumulative_reward']:.1f} | {rel} | "
-                f"{r['cumulative_task_score']:.1f} | {fmt(r['task_score_last5'])} | "
+                f"{r['cumulative_reward']:.2f} ± {fmt(r['cumulative_reward_se'], '.2f')} | {rel} | "
+                f"{r['cumulative_task_score']:.2f} | {fmt(r['task_score_last5'])} | "
                 f"{fmt(r['format_last5'], '.0%')} | "
                 f"{fmt(r['informative_local'], '.0%')} | {fmt(r['external_per_round'], '.2f')} | "
                 f"{fmt(r['external_reward'])} | {fmt(r['is_weight_max'], '.2f')} | {fmt(r['ess'])} | "
@@ -316,11 +322,11 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
         "",
         f"All arms are compared over the first {min(r['rounds'] for r in results.values())} rounds. "
         "Columns: cumulative reward = sum over rounds of the mean reward of the node's own fresh "
-        "completions, averaged over nodes (task score + format bonus); task score excludes the format "
-        "bonus; informative local groups = share of own groups whose rewards were not all equal (the "
-        "others have zero advantage and are dropped); peer group reward = mean reward of the peer groups "
-        "trained on (re-scored by the receiver); max IS weight, ESS and clip frac are the trainer's "
-        "off-policy diagnostics.",
+        "completions, averaged over nodes (task score + format bonus), ± its standard error over "
+        "nodes; task score excludes the format bonus; informative local groups = share of own groups "
+        "whose rewards were not all equal (the others have zero advantage and are dropped); peer group "
+        "reward = mean reward of the peer groups trained on (re-scored by the receiver); max IS weight, "
+        "ESS and clip frac are the trainer's off-policy diagnostics.",
         "",
     ]
     return "\n".join(lines)
