@@ -184,16 +184,21 @@ def test_clock_far_off_the_peers_is_named_with_the_offset_and_the_fix(tmp_path):
 
 
 def _start_with_clock_offset(tmp_path: Path, seconds: int, initial_peer: str) -> str:
-    """A Transport in a process whose clock is off by ``seconds``: "STARTED" or "ERROR <message>"."""
-    key = tmp_path / f"clock{seconds}.key"
-    _identity(key)
-    script = Path(__file__).with_name("_skewed_clock.py")
+    """``swarmnode join --rounds 0`` in a process whose clock is off by ``seconds`` (``_clock_jump.py``):
+    "STARTED" if it joined and exited cleanly, else "ERROR <its one-line message>"."""
+    offset_file = tmp_path / f"offset{seconds}"
+    offset_file.write_text(str(seconds))
     done = subprocess.run(
-        [sys.executable, str(script), str(seconds), str(key), initial_peer],
+        [sys.executable, str(Path(__file__).with_name("_clock_jump.py")), str(offset_file),
+         sys.executable, "-m", "swarmnode.cli", "join", "--config", "node_configs/tiny.yaml",
+         "--run-dir", str(tmp_path / f"clock{seconds}"), "--rounds", "0", "--set", "run.metrics_port=null",
+         "--peers", initial_peer],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith(("STARTED", "ERROR"))]
-    return lines[0] if lines else done.stdout + done.stderr[-2000:]
+    if done.returncode == 0:
+        return "STARTED"
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    return "ERROR " + errors[-1].removeprefix("error: ") if errors else done.stderr[-2000:]
 
 
 def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, capsys):
