@@ -50,7 +50,7 @@ ROUND_GAUGES = {
     "train_behaviour_kl": ("swarmnode_behaviour_kl", "KL(behaviour || learner), k1 estimate."),
     "groups_kept": ("swarmnode_groups_trained", "Question groups in the last update (nonzero advantage)."),
 }
-PHASES = ("sample", "share", "train", "sync", "total")
+PHASES = ("sample", "score", "share", "train", "sync", "total")
 
 
 class NodeCollector:

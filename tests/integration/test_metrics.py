@@ -52,9 +52,10 @@ def test_metrics_reflect_the_last_round(node):
     assert samples[("swarmnode_reward", (("source", "local"),))] == pytest.approx(last["reward_mean"])
     for task, value in last["reward_by_task"].items():
         assert samples[("swarmnode_task_reward", (("task", task),))] == pytest.approx(value)
-    assert samples[("swarmnode_round_phase_seconds", (("phase", "train"),))] == pytest.approx(
-        last["seconds_train"]
-    )
+    for phase in ("sample", "score", "train"):
+        assert samples[("swarmnode_round_phase_seconds", (("phase", phase),))] == pytest.approx(
+            last[f"seconds_{phase}"]
+        )
     assert samples[("swarmnode_checkpoint_timestamp_seconds", ())] > 0
     assert samples[("swarmnode_process_resident_memory_bytes", ())] > 10e6
     info = {labels: v for (name, labels), v in samples.items() if name == "swarmnode_node_info"}
