@@ -357,9 +357,9 @@ def bench_round(args) -> dict:
     for backend, (proc, _) in procs.items():
         if proc.returncode != 0:
             raise SystemExit(f"the {backend} run failed, see {workdir / backend}.log")
-        out[f"{backend}_used_vllm"] = (
+        out[f"{backend}_used_vllm"] = backend == "vllm" and (
             "sampling with transformers" not in (workdir / f"{backend}.log").read_text()
-        )
+        )  # the hf run never does; a vllm run that fell back says so in its log
         records = read_jsonl(workdir / backend / "metrics.jsonl")
         for record in records:
             row = {phase: record.get(f"seconds_{phase}", 0.0) for phase in PHASES}
