@@ -44,7 +44,11 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from benchmarks.common import describe_machine, machine_info, read_jsonl  # noqa: E402
-from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch  # noqa: E402
+from swarmnode.batching import (  # noqa: E402
+    TrainSequence,
+    encode_prompt,
+    sampler_vs_learner_logprobs,
+)
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config  # noqa: E402
 from swarmnode.policy import Policy, bf16_native, embedded_model_folder, load_policy, tokenizer_fingerprint  # noqa: E402
 from swarmnode.sampler import vllm as vllm_backend  # noqa: E402
@@ -171,15 +175,10 @@ def bench_sample(args, policy: Policy, samplers: dict) -> dict:
 
 def logprob_gap(policy: Policy, prompts, groups) -> torch.Tensor:
     """|behaviour log-prob - learner log-prob| per sampled token (temperature 1)."""
-    sequences = [
-        TrainSequence(tuple(p), c.token_ids, 0.0, c.logprobs, None)  # type: ignore[arg-type]
-        for p, g in zip(prompts, groups, strict=True)
-        for c in g
-    ]
-    batch = pad_batch(sequences, policy.tokenizer.pad_token_id, policy.device)
-    with torch.no_grad():
-        learner = completion_logprobs(policy.model, batch)
-    return (learner - batch.behaviour_logp)[batch.completion_mask].abs()
+    behaviour, learner = sampler_vs_learner_logprobs(
+        policy.model, policy.tokenizer.pad_token_id, prompts, groups
+    )
+    return (learner - behaviour).abs()
 
 
 # ---------------------------------------------------------------- train

@@ -253,3 +253,21 @@ class _HeadLogprobs(torch.autograd.Function):
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
+
+
+def sampler_vs_learner_logprobs(
+    model, pad_id: int, prompts: Sequence[Sequence[int]], groups, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs the sampler recorded, ``model``'s own log-probs of the same tokens at ``temperature``),
+    flattened over the completion tokens of ``groups`` (one list of Completions per prompt): how far a
+    sampling backend's numbers are from the learner's."""
+    sequences = [
+        TrainSequence(tuple(prompt), c.token_ids, 0.0, c.logprobs, None)  # type: ignore[arg-type]
+        for prompt, group in zip(prompts, groups, strict=True)
+        for c in group
+    ]
+    batch = pad_batch(sequences, pad_id, next(model.parameters()).device)
+    with torch.no_grad():
+        learner = completion_logprobs(model, batch, temperature)
+    mask = batch.completion_mask
+    return batch.behaviour_logp[mask], learner[mask]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch
+from swarmnode.batching import encode_prompt, sampler_vs_learner_logprobs
 from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
 from swarmnode.policy import load_policy
 
@@ -45,18 +45,10 @@ def prompts(policy):
 
 
 def learner_logprobs(policy, prompts, groups, temperature=TEMPERATURE) -> tuple[torch.Tensor, torch.Tensor]:
-    """(engine log-probs, the model's log-probs of the same tokens at ``temperature``), flattened over
-    completion tokens."""
-    sequences = [
-        TrainSequence(tuple(prompt), c.token_ids, 0.0, c.logprobs, None)  # type: ignore[arg-type]
-        for prompt, group in zip(prompts, groups, strict=True)
-        for c in group
-    ]
-    batch = pad_batch(sequences, policy.tokenizer.pad_token_id, policy.device)
-    with torch.no_grad():
-        learner = completion_logprobs(policy.model, batch, temperature)
-    mask = batch.completion_mask
-    return batch.behaviour_logp[mask], learner[mask]
+    """(engine log-probs, the model's log-probs of the same tokens at ``temperature``)."""
+    return sampler_vs_learner_logprobs(
+        policy.model, policy.tokenizer.pad_token_id, prompts, groups, temperature
+    )
 
 
 def test_samples_completions_with_the_models_own_logprobs(policy, sampler, prompts):
