@@ -396,7 +396,7 @@ def main() -> int:
                 file=sys.stderr,
             )
 
-    results, infos = {}, {}
+    records, infos = {}, {}
     for arm in arms:
         info_path = args.workdir / arm.slug / "arm.json"
         if not info_path.exists():
@@ -404,18 +404,17 @@ def main() -> int:
         info = json.loads(info_path.read_text())
         per_node = arm_records(args.workdir / arm.slug, info)
         if all(per_node):  # every node ran at least one round (an arm cut short is compared as far as it got)
-            results[arm.name] = summarize(arm, per_node)
-            infos[arm.name] = info
-    if not results:
+            records[arm.name], infos[arm.name] = per_node, info
+    if not records:
         print("no arm to report", file=sys.stderr)
         return 1
-    common = min(r["rounds"] for r in results.values())
-    if any(r["rounds"] > common for r in results.values()):  # an arm cut short: compare like with like
-        print(f"comparing every arm over its first {common} rounds", file=sys.stderr)
-        for arm in arms:
-            if arm.name in results:
-                per_node = [node[:common] for node in arm_records(args.workdir / arm.slug, infos[arm.name])]
-                results[arm.name] = summarize(arm, per_node)
+    common = min(len(node) for per_node in records.values() for node in per_node)
+    print(f"comparing every arm over its first {common} rounds", file=sys.stderr)
+    results = {
+        arm.name: summarize(arm, [node[:common] for node in records[arm.name]])
+        for arm in arms
+        if arm.name in records
+    }
     plot(arms, results, args.plot, args.window)
     args.report.write_text(report(arms, results, infos, args, machine))
     print(f"report: {args.report}\nplot: {args.plot}", file=sys.stderr)
