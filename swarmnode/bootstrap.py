@@ -34,28 +34,31 @@ def log(message: str) -> None:
 
 
 class BootstrapCollector:
-    """The bootstrap's state, refreshed by its main loop, exported at scrape time."""
+    """The bootstrap's state, read from its DHT at scrape time (a cached value would miss short visits)."""
 
-    def __init__(self, peer_id: str):
+    def __init__(self, peer_id: str, transport: Transport):
         self.peer_id = peer_id
+        self.transport = transport
         self.started = time.time()
-        self.connected = 0
-        self.dht: dict[str, int] = {}
+        self._lock = threading.Lock()  # scrapes and the status line share the pipe to the DHT process
+
+    def state(self) -> tuple[int, dict[str, int]]:
+        """Connected peers and the DHT's stats (empty if the DHT process does not answer in time)."""
+        with self._lock:
+            return self.transport.connected_peer_count(), self.transport.dht_stats()
 
     def collect(self) -> Iterator:
         info = InfoMetricFamily("swarmnode_bootstrap", "This bootstrap node: peer id and version.")
         info.add_metric([], {"peer_id": self.peer_id, "version": __version__})
         yield info
+        connected, dht = self.state()
         gauges = {
-            "swarmnode_peers_connected": ("Peers with a libp2p connection.", self.connected),
+            "swarmnode_peers_connected": ("Peers with a libp2p connection.", connected),
             "swarmnode_dht_routing_table_peers": (
                 "Peers in the DHT routing table.",
-                self.dht.get("routing_table_peers"),
+                dht.get("routing_table_peers"),
             ),
-            "swarmnode_dht_stored_records": (
-                "DHT keys this node stores for the swarm.",
-                self.dht.get("stored_records"),
-            ),
+            "swarmnode_dht_stored_records": ("DHT keys this node stores for the swarm.", dht.get("stored_records")),
         }
         for name, (doc, value) in gauges.items():
             if value is not None:
@@ -67,7 +70,7 @@ class BootstrapCollector:
         return {"status": "ok", "role": "bootstrap", "uptime_s": round(time.time() - self.started, 1)}
 
 
-def run_bootstrap(cfg: NodeConfig, *, refresh_s: float = 5.0) -> None:
+def run_bootstrap(cfg: NodeConfig) -> None:
     """Run until SIGINT or SIGTERM; print how to join, then a status line every report period."""
     boot = cfg.bootstrap
     identity, created = load_or_create(boot.identity_path)
@@ -86,7 +89,7 @@ def run_bootstrap(cfg: NodeConfig, *, refresh_s: float = 5.0) -> None:
         # hivemind ends it when it does not stop in time
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
-        collector = BootstrapCollector(identity.peer_id)
+        collector = BootstrapCollector(identity.peer_id, transport)
         if boot.metrics_port is not None:
             server = MetricsServer(collector, boot.metrics_host, boot.metrics_port)
             log(f"metrics at {server.url}/metrics (health: {server.url}/health)")
@@ -94,19 +97,12 @@ def run_bootstrap(cfg: NodeConfig, *, refresh_s: float = 5.0) -> None:
         log("nodes join through it with (list it under swarm.initial_peers):")
         for addr in addrs:
             log(f"  swarmnode join --peers {addr}")
-        next_report = time.monotonic() + boot.report_every_s
-        while True:
-            collector.connected = transport.connected_peer_count()
-            collector.dht = transport.dht_stats()
-            if time.monotonic() >= next_report:
-                next_report += boot.report_every_s
-                log(
-                    f"peers connected {collector.connected}, routing table "
-                    f"{collector.dht.get('routing_table_peers', '?')}, records "
-                    f"{collector.dht.get('stored_records', '?')}"
-                )
-            if stop.wait(refresh_s):
-                break
+        while not stop.wait(boot.report_every_s):
+            connected, dht = collector.state()
+            log(
+                f"peers connected {connected}, routing table {dht.get('routing_table_peers', '?')}, "
+                f"records {dht.get('stored_records', '?')}"
+            )
         log("stopping the bootstrap node")
     finally:
         if server is not None:
