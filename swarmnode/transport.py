@@ -33,6 +33,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import errno
+import faulthandler
 import functools
 import logging
 import os
@@ -73,6 +74,9 @@ TRANSPORT_ERROR_REASONS = (
     *FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address", "port_taken", "clock_skew",
 )  # fmt: skip
 CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+# start-up longer than this many start timeouts (a DHT start, a dial-back, a restart in client mode and
+# their slack) is a hang: every thread's stack goes to stderr
+STARTUP_STACKS_AFTER = 4
 _CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
 
 _WRITE_CHUNK = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
@@ -177,6 +181,9 @@ class Transport:
             _check_listen_ports(self.swarm.host_maddrs)
             self._started = True
             atexit.register(self.shutdown)
+            # every wait below is bounded, but hivemind's are not all ours: if start-up still hangs, the
+            # threads' stacks on stderr say where (a start-up hang under load 20 was never explained)
+            faulthandler.dump_traceback_later(STARTUP_STACKS_AFTER * self.start_timeout_s)
             try:
                 mode = self.swarm.reachability
                 maddrs = self._start_network(identity.peer_id, initial_peers, client=mode == "private")
@@ -190,6 +197,8 @@ class Transport:
             except BaseException:
                 self._shutdown_locked()
                 raise
+            finally:
+                faulthandler.cancel_dump_traceback_later()
 
     def _start_network(self, peer_id: str, initial_peers: list[str], *, client: bool) -> list[str]:
         self._dht = self._start_dht(initial_peers, client)
@@ -273,6 +282,7 @@ class Transport:
         if not self.must_reach_initial_peers:
             kwargs["ensure_bootstrap_success"] = False
         started = time.monotonic()
+        connect_shared_memory_manager()
         dht = hivemind.DHT(
             initial_peers=initial_peers or None,
             host_maddrs=list(self.swarm.host_maddrs),
@@ -742,6 +752,31 @@ def _check_listen_ports(host_maddrs: list[str]) -> None:
                     "startup",
                     f"cannot listen on {maddr}: {exc.strerror}. Is {host} an address of this machine?",
                 ) from None
+
+
+def connect_shared_memory_manager(attempts: int = 3) -> None:
+    """Connect this process to torch's shared-memory manager before ``hivemind.DHT()`` needs it.
+
+    hivemind keeps its futures' state in shared memory with torch's ``file_system`` strategy, whose first
+    allocation starts ``torch_shm_manager``. The manager exits when no process has connected to it within
+    2 s, so on a starved machine the allocation in ``hivemind.DHT()`` failed with a bare "No such file or
+    directory" (the manager's socket was gone; a node restarted at load 19 died of it). A new attempt
+    starts a new manager, and once connected the process keeps its connection for good.
+    """
+    import torch
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":
+        return  # hivemind.utils.mpfuture sets file_system unless HIVEMIND_MEMORY_SHARING_STRATEGY says not
+    for attempt in range(1, attempts + 1):
+        try:
+            torch.empty(1, dtype=torch.uint8).share_memory_()
+            return
+        except RuntimeError as exc:
+            if attempt == attempts:
+                raise
+            logger.warning("torch's shared-memory manager was gone before this process connected (%s); "
+                           "starting a new one", exc)
 
 
 def _stop_dht_process(dht: hivemind.DHT) -> None:
