@@ -22,8 +22,11 @@ def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):
     )  # fmt: skip
     print(f"\nsoak: {json.dumps(report['summary'])}")
     assert check(report, max_rss_slope_kib=16384.0, max_fds_slope=0.5) == [], json.dumps(report, indent=1)
-    for node in report["per_node"]:  # open files: the same at the end of the window as at its start
-        assert abs(node["fds_total_last"] - node["fds_total_first"]) <= 2, node
+    # open files: the same at the end of the window as at its start, give or take the streams in flight
+    # when a round's peak was read (a pull and a served stream per peer)
+    in_flight = 2 * (len(report["per_node"]) - 1)
+    for node in report["per_node"]:
+        assert abs(node["fds_total_last"] - node["fds_total_first"]) <= in_flight, node
 
 
 @pytest.mark.slow
