@@ -5,7 +5,7 @@ each, a checkpoint every ``--checkpoint-every`` rounds), one bootstrap and N-1 j
 for each other before round 1. While they run, a sampler reads every node's process tree from /proc
 (psutil) every ``--period`` seconds: resident memory (RSS, and its anonymous part, RssAnon) and open
 file descriptors of the node process, of its hivemind DHT process and of its p2pd, plus the node's
-completed rounds (metrics.jsonl) and its accepted peer groups (status.json). The checks use RssAnon:
+completed rounds (metrics.jsonl). The checks use RssAnon:
 a leak grows it, while RSS also moves when the kernel reclaims and re-reads file-backed pages (shared
 libraries, mapped files), which it does a lot on a machine short of memory; there is no swap here, so
 anonymous pages stay resident.
@@ -15,7 +15,8 @@ least-squares fit over the rounds after ``--warmup`` (allocator and cache warm-u
 ``--cooldown`` (nodes that finish leave, and their peers then stop hearing from them). What the
 report says, per node and in all: exit code, rounds completed, the slopes (RSS KiB/round, fds/round),
 error lines in the log, rejections and fetch failures, the longest share phase against the deadline,
-and in how many rounds the node accepted new peer groups ("keeps exchanging"). ``check`` turns the
+and in how many rounds the node trained on peer groups ("keeps exchanging", from its own per-round
+record: sampling status.json misses rounds shorter than the period). ``check`` turns the
 report into a list of problems; the script exits 1 when there is one.
 
 Every wait is bounded (``--time-limit``); only processes this script started are ended, by PID.
@@ -52,7 +53,6 @@ ERROR_MARKERS = ("Traceback", "ERROR", "CRITICAL", "Exception")
 class Sample:
     t: float
     round: int  # rounds completed when sampled
-    accepted: int  # peer groups accepted so far (status.json)
     values: dict[str, float]
 
 
@@ -91,13 +91,6 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
-def _accepted(run_dir: Path) -> int:
-    try:
-        return int(json.loads((run_dir / "status.json").read_text())["rollouts"]["groups_accepted"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
-
-
 def sample_node(node: NodeProc) -> Sample | None:
     """One reading of a running node's process tree; None once it has exited."""
     if node.proc.poll() is not None:
@@ -117,7 +110,7 @@ def sample_node(node: NodeProc) -> Sample | None:
         return None
     for what in ("rss", "anon", "fds"):
         values[f"{what}_total"] = sum(values[f"{what}_{kind}"] for kind in KINDS)
-    return Sample(time.time(), _count_lines(node.run_dir / "metrics.jsonl"), _accepted(node.run_dir), values)
+    return Sample(time.time(), _count_lines(node.run_dir / "metrics.jsonl"), values)
 
 
 class Sampler:
@@ -177,18 +170,7 @@ def analyse_node(
         out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
         out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
         out[f"{name}_max"] = max(peaks.values(), default=None)
-    # rounds in the window during which the node accepted new peer groups (a sample taken with r rounds
-    # completed was taken during round r + 1)
-    accepted_by_round: dict[int, int] = {}
-    for s in trace.samples:
-        accepted_by_round[s.round + 1] = max(accepted_by_round.get(s.round + 1, 0), s.accepted)
-    exchanged = 0
-    previous = 0
-    for r in range(1, rounds + 1):
-        now = accepted_by_round.get(r, previous)
-        if r in window and now > previous:
-            exchanged += 1
-        previous = max(previous, now)
+    exchanged = sum(1 for r in records if r["round"] in window and r["groups_external"] > 0)
     out["rounds_exchanging"] = exchanged
     out["window_rounds"] = len(window)
     out["max_share_s"] = round(max((r["seconds_share"] for r in records), default=0.0), 2)
@@ -308,7 +290,7 @@ def check(report: dict, *, max_rss_slope_kib: float, max_fds_slope: float) -> li
         if n["over_deadline_rounds"]:
             problems.append(f"{name}: {n['over_deadline_rounds']} rounds waited past the deadline")
         if n["rounds_exchanging"] < n["window_rounds"] * 0.8:
-            problems.append(f"{name}: accepted peer groups in only {n['rounds_exchanging']} rounds")
+            problems.append(f"{name}: trained on peer groups in only {n['rounds_exchanging']} rounds")
         if n["anon_total_slope"] > max_rss_slope_kib:
             problems.append(f"{name}: anonymous memory grows {n['anon_total_slope']} KiB/round")
         if n["fds_total_slope"] > max_fds_slope:

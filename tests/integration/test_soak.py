@@ -17,7 +17,7 @@ from benchmarks.soak import check, run_soak
 
 def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):
     report = run_soak(
-        tmp_path, nodes=4, rounds=8, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=1.0,
+        tmp_path, nodes=4, rounds=8, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=0.5,
         time_limit_s=420.0,
     )  # fmt: skip
     print(f"\nsoak: {json.dumps(report['summary'])}")
