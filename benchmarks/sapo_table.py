@@ -25,6 +25,7 @@ rebuilt (``--report-only``) or arms added later. Every wait is bounded; only pro
 started are ended, by PID.
 
     .venv/bin/python benchmarks/sapo_table.py --rounds 20                 # both tables
+    .venv/bin/python benchmarks/sapo_table.py --rounds 20 --offpolicy-nodes 2   # table 2 on 2 nodes
     .venv/bin/python benchmarks/sapo_table.py --arms silo 2/2 --rounds 4  # a quick subset
 """
 
@@ -118,6 +119,11 @@ def make_keys(workdir: Path, nodes: int) -> list[Path]:
     return keys
 
 
+def arm_nodes(arm: Arm, args: argparse.Namespace) -> int:
+    """``--nodes``, or ``--offpolicy-nodes`` for table 2 (each SmolLM2 node needs ~4.5 GB of RAM)."""
+    return args.nodes if arm.table == "sharing" else args.offpolicy_nodes or args.nodes
+
+
 def node_args(arm: Arm, args: argparse.Namespace, key: Path, swarm_id: str) -> list[str]:
     sets = [
         f"run.identity_path={key}",
@@ -134,7 +140,7 @@ def node_args(arm: Arm, args: argparse.Namespace, key: Path, swarm_id: str) -> l
         sets += [
             f"swarm.external_per_round={arm.external}",
             f"swarm.swarm_id={swarm_id}",
-            f"swarm.min_peers={args.nodes - 1}",
+            f"swarm.min_peers={arm_nodes(arm, args) - 1}",
             f"swarm.wait_for_peers_s={args.startup_timeout}",
             f"swarm.share_deadline_s={args.deadline}",
         ]
@@ -164,7 +170,7 @@ def run_arm(arm: Arm, args: argparse.Namespace, keys: list[Path]) -> dict:
     command = "join" if arm.swarm else "solo"
     nodes: list[NodeProc] = []
     info = {
-        "arm": arm.name, "command": command, "nodes": args.nodes, "rounds": args.rounds,
+        "arm": arm.name, "command": command, "nodes": arm_nodes(arm, args), "rounds": args.rounds,
         "timed_out": False, "load_before": os.getloadavg(), "script": script_command(),
     }  # fmt: skip
     t0 = time.monotonic()
@@ -172,7 +178,7 @@ def run_arm(arm: Arm, args: argparse.Namespace, keys: list[Path]) -> dict:
         first = start_node(arm_dir / "node0", *node_args(arm, args, keys[0], swarm_id), command=command)
         nodes.append(first)
         peers = [first.address(timeout_s=args.startup_timeout)] if arm.swarm else []
-        for i in range(1, args.nodes):
+        for i in range(1, arm_nodes(arm, args)):
             argv = node_args(arm, args, keys[i], swarm_id)
             nodes.append(start_node(arm_dir / f"node{i}", *argv, peers=peers, command=command))
         info["timed_out"] = wait_all(nodes, t0 + args.startup_timeout + args.rounds * args.round_timeout)
@@ -271,7 +277,7 @@ def fmt(x: float, spec: str = ".3f") -> str:
 
 
 def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], args, machine: dict) -> str:
-    silo = results.get("silo", {}).get("cumulative_reward")
+    silo = results.get("silo", {}).get("silo_by_nodes", {})
     commands = sorted({i["script"] for i in infos.values()})
     lines = [
         "# What sharing buys: SAPO's local/external table reproduced, and off-policy corrections",
@@ -300,7 +306,8 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
         lines += [f"## {title}", "", cols, cols_rule(cols)]
         for arm in shown:
             r, info = results[arm.name], infos[arm.name]
-            rel = f"{(r['cumulative_reward'] / silo - 1) * 100:+.0f}%" if silo else "n/a"
+            base = silo.get(info["nodes"])  # the silo run of the same node identities (same questions)
+            rel = f"{(r['cumulative_reward'] / base - 1) * 100:+.0f}%" if base else "n/a"
             lines.append(
                 f"| {arm.name} | {arm.what} | {info['nodes']} x {info['rounds']} | "
                 f"{r['cumulative_reward']:.2f} ± {fmt(r['cumulative_reward_se'], '.2f')} | {rel} | "
@@ -320,7 +327,8 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
     lines += [
         f"![moving-average reward per round]({args.plot.name})",
         "",
-        f"All arms are compared over the first {min(r['rounds'] for r in results.values())} rounds. "
+        f"All arms are compared over the first {min(r['rounds'] for r in results.values())} rounds; "
+        "an arm run with fewer nodes is compared with the silo run of the same node identities. "
         "Columns: cumulative reward = sum over rounds of the mean reward of the node's own fresh "
         "completions, averaged over nodes (task score + format bonus), ± its standard error over "
         "nodes; task score excludes the format bonus; informative local groups = share of own groups "
@@ -342,6 +350,9 @@ def main() -> int:
     )
     parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "arithmetic-easy.yaml")
     parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument(
+        "--offpolicy-nodes", type=int, default=None, help="nodes in the table 2 arms (default: --nodes)"
+    )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--groups", type=int, default=4, help="question groups each node trains on per round")
     parser.add_argument("--splits", nargs="+", default=["3/1", "2/2", "1/3"], help="local/external splits")
@@ -383,13 +394,16 @@ def main() -> int:
             f"note: {len(rivals)} other swarmnode processes compete for the CPU, e.g. {rivals[0]}",
             file=sys.stderr,
         )
-    keys = make_keys(args.workdir, args.nodes)
+    keys = make_keys(args.workdir, max(args.nodes, args.offpolicy_nodes or 0))
     if not args.report_only:
         for arm in selected:
-            if not args.fresh and arm_complete(args.workdir / arm.slug, args.nodes, args.rounds):
+            if not args.fresh and arm_complete(args.workdir / arm.slug, arm_nodes(arm, args), args.rounds):
                 print(f"{arm.name}: complete in {args.workdir / arm.slug}, reused", file=sys.stderr)
                 continue
-            print(f"{arm.name}: {arm.what}, {args.nodes} nodes x {args.rounds} rounds ...", file=sys.stderr)
+            print(
+                f"{arm.name}: {arm.what}, {arm_nodes(arm, args)} nodes x {args.rounds} rounds ...",
+                file=sys.stderr,
+            )
             info = run_arm(arm, args, keys)
             print(
                 f"{arm.name}: {'TIMED OUT' if info['timed_out'] else 'done'} in {info['wall_s']:.0f} s",
@@ -415,6 +429,14 @@ def main() -> int:
         for arm in arms
         if arm.name in records
     }
+    if "silo" in results:  # arms run with fewer --nodes compare with the silo run of those same nodes
+        silo_nodes = [node[:common] for node in records["silo"]]
+        results["silo"]["silo_by_nodes"] = {
+            info["nodes"]: sum(r["reward_mean"] for node in silo_nodes[: info["nodes"]] for r in node)
+            / info["nodes"]
+            for info in infos.values()
+            if info["nodes"] <= len(silo_nodes)
+        }
     plot(arms, results, args.plot, args.window)
     args.report.write_text(report(arms, results, infos, args, machine))
     print(f"report: {args.report}\nplot: {args.plot}", file=sys.stderr)

@@ -58,7 +58,10 @@ class BootstrapCollector:
                 "Peers in the DHT routing table.",
                 dht.get("routing_table_peers"),
             ),
-            "swarmnode_dht_stored_records": ("DHT keys this node stores for the swarm.", dht.get("stored_records")),
+            "swarmnode_dht_stored_records": (
+                "DHT keys this node stores for the swarm.",
+                dht.get("stored_records"),
+            ),
         }
         for name, (doc, value) in gauges.items():
             if value is not None:

@@ -775,8 +775,11 @@ def connect_shared_memory_manager(attempts: int = 3) -> None:
         except RuntimeError as exc:
             if attempt == attempts:
                 raise
-            logger.warning("torch's shared-memory manager was gone before this process connected (%s); "
-                           "starting a new one", exc)
+            logger.warning(
+                "torch's shared-memory manager was gone before this process connected (%s); "
+                "starting a new one",
+                exc,
+            )
 
 
 def _stop_dht_process(dht: hivemind.DHT) -> None:

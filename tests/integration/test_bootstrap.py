@@ -99,9 +99,17 @@ def test_public_demo_config_joins_through_a_stand_in_bootstrap(tmp_path):
         ]
         procs += nodes
         # read while the nodes run: the bootstrap drops peers from its table once they have left
-        seen = _peak_metrics(metrics_url, nodes, ("swarmnode_dht_routing_table_peers", "swarmnode_dht_stored_records"))
-        assert seen["swarmnode_dht_routing_table_peers"] >= 1, (seen, nodes[0].output())  # the nodes were in its table
-        assert seen["swarmnode_dht_stored_records"] >= 1, (seen, nodes[0].output())  # rosters and announcements
+        seen = _peak_metrics(
+            metrics_url, nodes, ("swarmnode_dht_routing_table_peers", "swarmnode_dht_stored_records")
+        )
+        assert seen["swarmnode_dht_routing_table_peers"] >= 1, (
+            seen,
+            nodes[0].output(),
+        )  # the nodes were in its table
+        assert seen["swarmnode_dht_stored_records"] >= 1, (
+            seen,
+            nodes[0].output(),
+        )  # rosters and announcements
         for node in nodes:
             assert node.wait(timeout_s=300) == 0, node.output()
             assert "swarm swarmnode-public-demo" in node.wait_for_line("swarm swarmnode-public-demo", 1)
