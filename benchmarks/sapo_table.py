@@ -295,7 +295,7 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
     cols = (
         "| arm | what | nodes x rounds | cumulative reward | vs silo | cumulative task score | "
         "task score, last 5 | format, last 5 | informative local groups | peer groups/round | "
-        "peer group reward | max IS weight | ESS | clip frac | s/round | wall |"
+        "replayed groups/round | peer group reward | max IS weight | ESS | clip frac | s/round | wall |"
     )
     for table, title in (("sharing", "Table 1: sharing"), ("offpolicy", "Table 2: off-policy corrections")):
         shown = [a for a in arms if a.table == table and a.name in results]
@@ -314,6 +314,7 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
                 f"{r['cumulative_task_score']:.2f} | {fmt(r['task_score_last5'])} | "
                 f"{fmt(r['format_last5'], '.0%')} | "
                 f"{fmt(r['informative_local'], '.0%')} | {fmt(r['external_per_round'], '.2f')} | "
+                f"{fmt(r['replayed_per_round'], '.2f')} | "
                 f"{fmt(r['external_reward'])} | {fmt(r['is_weight_max'], '.2f')} | {fmt(r['ess'])} | "
                 f"{fmt(r['clip_frac'])} | {r['seconds_per_round']:.0f} | {info['wall_s'] / 60:.0f} min"
                 + (" (TIMED OUT)" if info.get("timed_out") else "")
