@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -183,7 +184,7 @@ class Transport:
             atexit.register(self.shutdown)
             # every wait below is bounded, but hivemind's are not all ours: if start-up still hangs, the
             # threads' stacks on stderr say where (a start-up hang under load 20 was never explained)
-            faulthandler.dump_traceback_later(STARTUP_STACKS_AFTER * self.start_timeout_s)
+            _dump_stacks_after(STARTUP_STACKS_AFTER * self.start_timeout_s)
             try:
                 mode = self.swarm.reachability
                 maddrs = self._start_network(identity.peer_id, initial_peers, client=mode == "private")
@@ -752,6 +753,19 @@ def _check_listen_ports(host_maddrs: list[str]) -> None:
                     "startup",
                     f"cannot listen on {maddr}: {exc.strerror}. Is {host} an address of this machine?",
                 ) from None
+
+
+def _dump_stacks_after(seconds: float) -> None:
+    """Arm faulthandler's watchdog on stderr, or on the real one where sys.stderr has no file descriptor
+    (pytest's capture, notebooks); without either, start-up runs unwatched."""
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
+        try:
+            faulthandler.dump_traceback_later(seconds, file=stream)
+            return
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: no fileno()
+            continue
 
 
 def connect_shared_memory_manager(attempts: int = 3) -> None:
