@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
+import io
 import json
 import os
 import queue
@@ -534,3 +535,15 @@ def test_a_start_up_past_its_time_prints_every_threads_stack(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "started", done.stderr
     assert done.stderr.count("Timeout (0:00:00") == 1, done.stderr  # once: cancelled when start() returned
     assert 'File "' in done.stderr and "transport.py" in done.stderr, done.stderr  # where it was waiting
+
+
+def test_start_works_where_stderr_has_no_file_descriptor(tmp_path, monkeypatch):
+    """A notebook's or a capturing harness's sys.stderr has no fileno(): the start-up watchdog must not
+    turn that into a failed start (it did once, under pytest's capture)."""
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    path, identity = _identity(tmp_path, "notebook")
+    transport = Transport(path, SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+    try:
+        assert transport.start()[0].endswith(identity.peer_id)
+    finally:
+        transport.shutdown()
