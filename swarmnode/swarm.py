@@ -187,11 +187,12 @@ class Swarm:
 
     # -- publishing ------------------------------------------------------------------------------
 
-    def _dht_wait(self, deadline: float | None, default: float) -> float:
-        """How long a DHT call may take: what is left until ``deadline`` (monotonic), if there is one.
-        A peer that died or a congested DHT can make each call wait its full timeout; within an exchange
-        they share the share deadline instead of adding their timeouts to it."""
-        return default if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
+    @staticmethod
+    def _dht_wait(deadline: float | None) -> float | None:
+        """How long a DHT call may take: what is left until ``deadline`` (monotonic), or None (the
+        transport's own timeout) without one. A peer that died or a congested DHT can make each call wait
+        its full timeout; within an exchange they share the share deadline instead of adding to it."""
+        return None if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
 
     def publish_roster(self, round_: int, policy_version: int, deadline: float | None = None) -> None:
         card = P.RosterCard(
@@ -208,7 +209,7 @@ class Swarm:
         record = P.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(
             P.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
-            timeout_s=self._dht_wait(deadline, self.transport.record_timeout_s),
+            timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
 
     def publish(
@@ -236,7 +237,7 @@ class Swarm:
         record = P.encode_message(self.identity, self.swarm_id, announcement)
         stored = self.transport.put_record(
             P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
-            timeout_s=self._dht_wait(deadline, self.transport.record_timeout_s),
+            timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
         self._trace(
             "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
@@ -250,7 +251,7 @@ class Swarm:
     def _live_peers(self, deadline: float | None = None) -> set[str]:
         """Compatible peers in the roster (foreign or incompatible ones are ignored with one line)."""
         live = set()
-        records = self.transport.get_records(P.roster_key(self.swarm_id), self._dht_wait(deadline, 5.0))
+        records = self.transport.get_records(P.roster_key(self.swarm_id), self._dht_wait(deadline))
         for peer, record in records.items():
             if peer == self.identity.peer_id:
                 continue
@@ -295,7 +296,7 @@ class Swarm:
     def poll(self, round_: int, deadline: float) -> None:
         """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
         t_get = time.time()
-        records = self.transport.get_records(P.announce_key(self.swarm_id), self._dht_wait(deadline, 5.0))
+        records = self.transport.get_records(P.announce_key(self.swarm_id), self._dht_wait(deadline))
         t_seen = time.time()
         for peer, record in records.items():
             if peer == self.identity.peer_id:

@@ -75,6 +75,7 @@ TRANSPORT_ERROR_REASONS = (
     *FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address", "port_taken", "clock_skew",
 )  # fmt: skip
 CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+RECORD_GET_TIMEOUT_S = 5.0
 # start-up longer than this many start timeouts (a DHT start, a dial-back, a restart in client mode and
 # their slack) is a hang: every thread's stack goes to stderr
 STARTUP_STACKS_AFTER = 4
@@ -470,8 +471,9 @@ class Transport:
         self._record_trouble_logged = False
         return ok
 
-    def get_records(self, key: str, timeout_s: float = 5.0) -> dict[str, bytes]:
-        """All live (subkey -> value) pairs under ``key``; {} on a miss or any network trouble.
+    def get_records(self, key: str, timeout_s: float | None = None) -> dict[str, bytes]:
+        """All live (subkey -> value) pairs under ``key``; {} on a miss, any network trouble, or no answer
+        within ``timeout_s`` (default ``RECORD_GET_TIMEOUT_S``).
 
         Entries whose subkey is not a str or whose value is not bytes of at most MAX_RECORD_BYTES are
         dropped: any node can write any subkey, so what comes back is untrusted.
@@ -482,7 +484,7 @@ class Transport:
         try:
             future = self._dht.get(key, latest=True, return_future=True)
             try:
-                found = future.result(timeout=timeout_s)
+                found = future.result(timeout=RECORD_GET_TIMEOUT_S if timeout_s is None else timeout_s)
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 raise
