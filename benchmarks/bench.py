@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from benchmarks.common import describe_machine, machine_info, read_jsonl  # noqa: E402
+from benchmarks.common import describe_machine, drop_checkpoints, machine_info, read_jsonl  # noqa: E402
 from swarmnode.batching import (  # noqa: E402
     TrainSequence,
     encode_prompt,
@@ -367,6 +367,8 @@ def bench_round(args) -> dict:
             out[f"{backend}_round{record['round']}"] = row
         out[f"{backend}_rounds_total_s"] = sum(r["seconds_total"] for r in records)
     out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
+    out["run_dirs"] = str(workdir)  # logs and metrics stay for a look; the checkpoints (GBs) do not
+    drop_checkpoints([workdir / backend for backend in procs])
     return out
 
 

@@ -22,7 +22,8 @@ arm's nodes (so arms run with different ``--nodes`` compare). The script
 writes a markdown report (the tables, relative to silo, plus diagnostics) and a PNG of the moving
 average reward per round. Arms already complete in ``--workdir`` are reused, so the report can be
 rebuilt (``--report-only``) or arms added later. Every wait is bounded; only processes this script
-started are ended, by PID.
+started are ended, by PID. Each node's final checkpoint (1.6 GB) is deleted once its arm is done
+unless ``--keep-checkpoints``.
 
     .venv/bin/python benchmarks/sapo_table.py --rounds 20                 # both tables
     .venv/bin/python benchmarks/sapo_table.py --rounds 20 --offpolicy-nodes 2   # table 2 on 2 nodes
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import (  # noqa: E402
     describe_machine,
+    drop_checkpoints,
     machine_info,
     read_jsonl,
     record_exit,
@@ -193,6 +195,8 @@ def run_arm(arm: Arm, args: argparse.Namespace, keys: list[Path]) -> dict:
                 file=sys.stderr,
             )
     (arm_dir / "arm.json").write_text(json.dumps(info, indent=1, default=str))
+    if not args.keep_checkpoints:
+        drop_checkpoints([node.run_dir for node in nodes])
     return info
 
 
@@ -371,6 +375,9 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=None, help="PNG (default: next to the report)")
     parser.add_argument("--window", type=int, default=5, help="moving-average window of the plot")
     parser.add_argument("--fresh", action="store_true", help="re-run arms already complete in --workdir")
+    parser.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep each node's final checkpoint (1.6 GB each)"
+    )
     parser.add_argument("--report-only", action="store_true", help="only rebuild the report")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_arm's stop_all

@@ -51,6 +51,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def estimated_size(model, optimizer_moments: int = 2) -> int:
+    """Bytes one checkpoint of ``model`` takes: its weights plus the optimizer's per-parameter moments
+    (AdamW keeps two, in the parameters' dtype). Known before the first step creates those moments, so a
+    node can tell at start whether its disk will hold the checkpoints it is set to keep."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights * (1 + optimizer_moments)
+
+
 def save(root: Path, round_: int, policy_version: int, model, optimizer, digest: str, keep: int) -> Path:
     """Write checkpoint ``round_`` atomically under ``root`` and prune to the newest ``keep``.
 

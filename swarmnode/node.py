@@ -9,6 +9,7 @@ import copy
 import fcntl
 import hashlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,7 @@ class Node:
             temperature=cfg.sampling.temperature,
             ref_model=ref_model,
         )
+        self._report_checkpoint_disk()
         self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed, log=log)
         self.replay = None
         if cfg.replay.groups_per_round > 0:
@@ -156,6 +158,20 @@ class Node:
         dropped = self.runlog.truncate_after(info.round)
         if dropped:
             log(f"rounds {dropped[0]}-{dropped[-1]} ran after that checkpoint and will run again")
+
+    def _report_checkpoint_disk(self) -> None:
+        """Say what the checkpoints will take, and warn now rather than at the first failed save when the
+        disk cannot hold them (a SmolLM2-135M checkpoint is 1.6 GB: weights and AdamW's two moments)."""
+        each = checkpoint.estimated_size(self.policy.model)
+        peak = each * (self.cfg.run.keep_checkpoints + 1)  # the newest is written before the oldest goes
+        free = shutil.disk_usage(self.run_dir).free
+        message = (
+            f"checkpoints: ~{each / 1e9:.2f} GB each, up to {peak / 1e9:.2f} GB in {self.checkpoints} "
+            f"(run.keep_checkpoints={self.cfg.run.keep_checkpoints}), {free / 1e9:.1f} GB free"
+        )
+        if free < peak:
+            message += "; NOT ENOUGH: free disk space or lower run.keep_checkpoints, or checkpoints will fail"
+        log(message)
 
     def save_checkpoint(self) -> Path:
         digest = state_digest(self.policy.model, self.trainer.optimizer)

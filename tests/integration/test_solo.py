@@ -393,6 +393,24 @@ def test_hyperparameters_changed_on_resume_take_effect(tmp_path: Path, capsys) -
     assert "train.betas" not in err
 
 
+def test_start_up_says_what_checkpoints_will_take_and_warns_when_the_disk_cannot_hold_them(
+    tmp_path: Path, capsys
+) -> None:
+    """Session 3's experiment arms left 49 GB of SmolLM2 checkpoints behind without a word; a node now
+    states the size up front, and a keep count the free space cannot hold is flagged before round 1."""
+    import shutil
+
+    from swarmnode.node import Node
+
+    Node(_node_config(tmp_path / "fits")).close()
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "checkpoints: ~" in x)
+    assert "run.keep_checkpoints=3" in line and "NOT ENOUGH" not in line
+    keep = shutil.disk_usage(tmp_path).free  # as many checkpoints as free bytes: cannot fit
+    Node(_node_config(tmp_path / "full", **{"run.keep_checkpoints": keep})).close()
+    assert "NOT ENOUGH: free disk space or lower run.keep_checkpoints" in capsys.readouterr().err
+
+
 def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
     """Two nodes in one run folder would share one identity; the second gets a one-line error."""
     from swarmnode.config import ConfigError, load_config

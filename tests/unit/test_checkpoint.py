@@ -195,3 +195,13 @@ def test_the_manifest_records_round_version_digest_and_checksums(tmp_path: Path)
     assert set(manifest["files"]) == {"model.safetensors", "trainer.pt", "state.json"}
     # trainer.pt holds tensors and plain containers only: loadable without unpickling arbitrary objects
     assert set(torch.load(path / "trainer.pt", weights_only=True)) == {"optimizer", "torch_rng"}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2's tied embeddings are stored once
+def test_the_size_estimate_made_before_training_matches_a_saved_checkpoint(tmp_path: Path, family) -> None:
+    model, optimizer = trained(family)
+    estimate = checkpoint.estimated_size(model)
+    path = save(tmp_path, 1, model, optimizer)
+    written = sum(f.stat().st_size for f in path.iterdir())
+    # headers, step counters, RNG state and the manifest are the difference: a few KB on top of the tensors
+    assert estimate <= written <= estimate * 1.05 + 64 * 1024, (estimate, written)
