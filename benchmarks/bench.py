@@ -4,6 +4,7 @@
     python benchmarks/bench.py train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
     python benchmarks/bench.py round  [--config node_configs/arithmetic-easy.yaml] [--rounds 2]
     python benchmarks/bench.py all    (the three, one after the other)
+    python benchmarks/bench.py colocate  (the training step before and after a vLLM engine starts)
 
 Each prints a table headed by the machine it ran on (``--json FILE`` also writes everything). The two
 sides of a comparison run in one process on the same model, prompts and batch, interleaved (A B A B
@@ -19,6 +20,9 @@ with the load, which the header reports. Results and their reading: docs/perform
   clipping, the same AdamW step), both DAPO token-level loss, clip 0.2/0.28, no KL, no off-policy
   correction, one update; fp32, and bf16 autocast where the hardware has it natively. tokens/s =
   completion tokens / step seconds.
+- colocate: the same training step timed before and after a vLLM engine starts in the process (vLLM's
+  CPU worker binds OpenMP threads to cores; this shows what the learner beside it pays), with torch's
+  thread count, the main thread's CPU affinity and CPU seconds per wall second (cores kept busy).
 - round: ``swarmnode solo`` with ``sampling.backend=hf`` then ``=vllm`` (fresh run folders), each
   round's seconds by phase from metrics.jsonl, and the whole command's wall time.
 
@@ -325,6 +329,38 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
     return out
 
 
+def bench_colocate(args, policy: Policy) -> dict:
+    """The learner's step with no engine in the process, then beside a freshly started vLLM engine."""
+    sequences = train_batch(args, policy, HFSampler(policy.model, policy.tokenizer))
+    tokens = sum(len(s.completion_ids) for s in sequences)
+    trainer = Trainer(
+        policy.model,
+        policy.tokenizer.pad_token_id,
+        TrainConfig(lr=1e-6),
+        offpolicy=OffPolicyConfig(local="none"),
+    )
+    out: dict = {"batch": f"{len(sequences)} completions, {tokens} completion tokens"}
+
+    def measure(label: str) -> None:
+        trainer.step(sequences)  # warm-up
+        wall = cpu = 0.0
+        for _ in range(args.repeats):
+            _, step_wall, step_cpu = cpu_timed(lambda: trainer.step(sequences))
+            wall, cpu = wall + step_wall, cpu + step_cpu
+        out[f"{label}_tok_s"] = tokens * args.repeats / wall
+        out[f"{label}_cores_busy"] = cpu / wall
+        out[f"{label}_torch_threads"] = torch.get_num_threads()
+        out[f"{label}_main_thread_cpus"] = str(sorted(os.sched_getaffinity(0)))
+
+    measure("no_engine")
+    samplers, engine = make_samplers(policy)
+    out.update(engine)
+    if "vllm" in samplers:
+        measure("with_engine")
+        out["no_engine_over_with_engine"] = out["no_engine_tok_s"] / out["with_engine_tok_s"]
+    return out
+
+
 # ---------------------------------------------------------------- round
 
 
@@ -389,7 +425,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=["sample", "train", "round", "all"])
+    parser.add_argument("what", choices=["sample", "train", "round", "all", "colocate"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", choices=["embedded", "qwen2-0.5b"], default="embedded")
     parser.add_argument("--questions", type=int, default=8)
@@ -405,12 +441,16 @@ def main() -> None:
     print(f"machine: {describe_machine(machine)}; device {args.device}; {versions()}")
     print(f"native bf16: {bf16_native(torch.device(args.device))}; torch threads {torch.get_num_threads()}")
     results: dict = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}}
-    if args.what in ("sample", "train", "all"):
+    if args.what in ("sample", "train", "all", "colocate"):
         policy = build_policy(args.model, args.device)
         n_params = sum(p.numel() for p in policy.model.parameters())
         print(
             f"model: {policy.name}, {n_params / 1e6:.1f}M params, {str(policy.dtype).removeprefix('torch.')}"
         )
+    if args.what == "colocate":
+        results["colocate"] = bench_colocate(args, policy)
+        print_table("colocate", results["colocate"])
+    if args.what in ("sample", "train", "all"):
         samplers, engine = make_samplers(policy)
         if args.what in ("sample", "all"):
             results["sample"] = {**engine, **bench_sample(args, policy, samplers)}
