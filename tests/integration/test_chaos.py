@@ -144,7 +144,7 @@ def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
         for proc in procs:
             proc.stop()
 
-    shares = {}
+    shares, c_external = {}, [r["groups_external"] for r in nodes["c"].metrics()]
     for name, node in nodes.items():
         records = node.metrics()
         assert [r["round"] for r in records] == list(range(1, NET_ROUNDS + 1)), node.output()
@@ -154,4 +154,7 @@ def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
     # c exchanged again after its link came back (unless it had no round left to do so)
     if events["c_restored_after_round"] < NET_ROUNDS - 1:
         assert nodes["c"].status()["rollouts"]["groups_accepted"] > events["c_accepted_before_restore"]
-    print(f"\nnetwork chaos: {json.dumps(events)}; seconds_share per round {json.dumps(shares)}")
+    print(
+        f"\nnetwork chaos: {json.dumps(events)}; seconds_share per round {json.dumps(shares)}; "
+        f"c's peer groups per round {c_external}"
+    )
