@@ -108,7 +108,8 @@ class Transport:
     ``stats`` (counters for metrics): served / served_bytes (payloads sent), not_found (asked for a
     digest we do not hold), refused (stream closed unanswered: filter or caps), bad_request (no or short
     request in time), aborted (the puller left or was too slow), errors (anything else in the handler),
-    fetch_ok / fetch_bytes, and fetch_failed_<reason> for each of FETCH_FAILURE_REASONS.
+    fetch_ok / fetch_bytes, fetch_failed_<reason> for each of FETCH_FAILURE_REASONS, and
+    disconnected_after_timeout (connections closed after a timed-out pull, to be dialled afresh).
     """
 
     def __init__(
@@ -145,7 +146,8 @@ class Transport:
 
         self.peer_id: str = ""
         counters = ("served", "served_bytes", "not_found", "refused", "bad_request", "aborted", "errors")
-        self.stats: dict[str, int] = dict.fromkeys((*counters, "fetch_ok", "fetch_bytes"), 0)
+        fetch_counters = ("fetch_ok", "fetch_bytes", "disconnected_after_timeout")
+        self.stats: dict[str, int] = dict.fromkeys((*counters, *fetch_counters), 0)
         self.stats.update({f"fetch_failed_{reason}": 0 for reason in FETCH_FAILURE_REASONS})
 
         self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
@@ -684,12 +686,28 @@ class Transport:
         except TransportError:
             raise
         except TimeoutError:
+            await self._drop_connection(peer_id)
             raise TransportError("timeout", f"pull from {peer_id} took over {timeout_s:.1f} s") from None
         except Exception as exc:  # IncompleteReadError, ConnectionResetError, ...: the stream ended early
             raise TransportError("closed", f"{peer_id} closed the stream early ({exc!r})") from None
         finally:
             if writer is not None:
                 writer.close()
+
+    async def _drop_connection(self, peer_id: str) -> None:
+        """Close the connection to a peer whose pull timed out, so that the next stream dials afresh.
+
+        libp2p carries every stream to a peer over one connection. One that lost packets (a link flap, a
+        NAT rebinding) can stay silent long after the path is back: TCP retransmits at doubling intervals
+        (up to ~13 s after a 12 s cut, measured), and a connection whose NAT mapping is gone never
+        recovers. Best effort: hivemind has no public call for it, so this uses its daemon client."""
+        from hivemind.p2p import PeerID
+
+        try:
+            await asyncio.wait_for(self._p2p._client.disconnect(PeerID.from_base58(peer_id)), 2.0)
+            self._count("disconnected_after_timeout")
+        except Exception as exc:
+            logger.debug("disconnecting %s after a timed-out pull failed: %r", peer_id, exc)
 
     # ------------------------------------------------------------------------------------------
     # observation

@@ -35,12 +35,17 @@ from swarmnode.transport import Transport, TransportError
 HERE = Path(__file__).resolve().parent
 HUGE_DIGEST = b"\xee" * 32
 SLOW_DIGEST = b"\x51" * 32  # must match _serve_slowly.py
+STALL_DIGEST = b"\x57" * 32  # HostileTransport reads the request and never answers
 
 
 class HostileTransport(Transport):
-    """Answers HUGE_DIGEST with a header claiming 4 GiB (then a little data); normal otherwise."""
+    """Answers HUGE_DIGEST with a header claiming 4 GiB (then a little data), STALL_DIGEST with silence;
+    normal otherwise."""
 
     async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
+        if digest == STALL_DIGEST:
+            await asyncio.sleep(10)
+            return
         if digest != HUGE_DIGEST:
             return await super()._send_payload(writer, digest)
         writer.write(b"\xff\xff\xff\xff" + b"x" * 4096)
@@ -238,6 +243,27 @@ def test_offer_keeps_only_the_newest_payloads(swarm):
         swarm.a.fetch(c.peer_id, digests[0], timeout_s=5)
     assert info.value.reason == "not_found"
     assert swarm.a.fetch(c.peer_id, digests[2], timeout_s=5) == blobs[2]
+
+
+def test_a_timed_out_pull_closes_the_connection_and_the_next_pull_dials_afresh(swarm):
+    """A connection that went silent (a link flap under TCP backoff, a lost NAT mapping) would carry the
+    next pulls too: libp2p reuses one connection per peer. After a timeout the puller closes it."""
+    b, c = swarm.b, swarm.c
+
+    def connected() -> set[str]:
+        return {info.peer_id.to_base58() for info in b._call(b._p2p.list_peers(), 5.0)}
+
+    data = os.urandom(1000)
+    digest = hashlib.sha256(data).digest()
+    c.offer(digest, data)
+    assert b.fetch(c.peer_id, digest, timeout_s=5) == data and c.peer_id in connected()
+    before = b.stats["disconnected_after_timeout"]
+    with pytest.raises(TransportError) as info:
+        b.fetch(c.peer_id, STALL_DIGEST, timeout_s=1.5)
+    assert info.value.reason == "timeout"
+    assert b.stats["disconnected_after_timeout"] == before + 1
+    assert c.peer_id not in connected()
+    assert b.fetch(c.peer_id, digest, timeout_s=5) == data  # dialled again
 
 
 # ----------------------------------------------------------------------------------------------
