@@ -712,15 +712,18 @@ class Transport:
     # ------------------------------------------------------------------------------------------
     # observation
     # ------------------------------------------------------------------------------------------
-    def connected_peer_count(self) -> int:
-        """Peers the daemon holds a connection to (best effort: 0 if it cannot tell)."""
+    def connected_peers(self) -> set[str]:
+        """Peer ids the daemon holds a connection to (best effort: empty if it cannot tell)."""
         if not self._running():
-            return 0
+            return set()
         try:
-            return len(self._call(self._p2p.list_peers(), 5.0))
+            return {info.peer_id.to_base58() for info in self._call(self._p2p.list_peers(), 5.0)}
         except Exception as exc:
             logger.debug("list_peers failed: %r", exc)
-            return 0
+            return set()
+
+    def connected_peer_count(self) -> int:
+        return len(self.connected_peers())
 
     def dht_stats(self, timeout_s: float = 5.0) -> dict[str, int]:
         """``routing_table_peers`` and ``stored_records`` (keys this node stores for the DHT); {} if the
