@@ -441,7 +441,7 @@ def main() -> None:
     print(f"machine: {describe_machine(machine)}; device {args.device}; {versions()}")
     print(f"native bf16: {bf16_native(torch.device(args.device))}; torch threads {torch.get_num_threads()}")
     results: dict = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}}
-    if args.what in ("sample", "train", "all", "colocate"):
+    if args.what != "round":
         policy = build_policy(args.model, args.device)
         n_params = sum(p.numel() for p in policy.model.parameters())
         print(
