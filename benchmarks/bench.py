@@ -1,10 +1,10 @@
 """Speed benchmarks: sampling (transformers vs vLLM), the training step (swarmnode vs TRL), a round.
 
-    python benchmarks/bench.py sample [--device cpu|cuda] [--model embedded|qwen2-0.5b]
-    python benchmarks/bench.py train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
-    python benchmarks/bench.py round  [--config node_configs/arithmetic-easy.yaml] [--rounds 2]
-    python benchmarks/bench.py all    (the three, one after the other)
-    python benchmarks/bench.py colocate  (the training step before and after a vLLM engine starts)
+    python -m benchmarks.bench sample [--device cpu|cuda] [--model embedded|qwen2-0.5b]
+    python -m benchmarks.bench train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
+    python -m benchmarks.bench round  [--config node_configs/arithmetic-easy.yaml] [--rounds 2]
+    python -m benchmarks.bench all    (the three, one after the other)
+    python -m benchmarks.bench colocate  (the training step before and after a vLLM engine starts)
 
 Each prints a table headed by the machine it ran on (``--json FILE`` also writes everything). The two
 sides of a comparison run in one process on the same model, prompts and batch, interleaved (A B A B
@@ -42,23 +42,22 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from benchmarks.common import drop_checkpoints
+from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
+from swarmnode.learn.batch import TrainSequence, sampler_vs_learner_logprobs
+from swarmnode.learn.precision import bf16_native
+from swarmnode.learn.trainer import Trainer
+from swarmnode.policy import Policy, embedded_model_folder, load_policy, tokenizer_fingerprint
+from swarmnode.prompts import encode_prompt
+from swarmnode.sampler import vllm as vllm_backend
+from swarmnode.sampler.hf import HFSampler
+from swarmnode.tasks import TaskBank
+from tests.helpers.machine import describe_machine, machine_info
+from tests.helpers.swarm_procs import read_jsonl
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import torch  # noqa: E402
-
-from benchmarks.common import describe_machine, drop_checkpoints, machine_info, read_jsonl  # noqa: E402
-from swarmnode.batching import (  # noqa: E402
-    TrainSequence,
-    encode_prompt,
-    sampler_vs_learner_logprobs,
-)
-from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config  # noqa: E402
-from swarmnode.policy import Policy, bf16_native, embedded_model_folder, load_policy, tokenizer_fingerprint  # noqa: E402
-from swarmnode.sampler import vllm as vllm_backend  # noqa: E402
-from swarmnode.sampler.hf import HFSampler  # noqa: E402
-from swarmnode.tasks import TaskBank  # noqa: E402
-from swarmnode.trainer import Trainer  # noqa: E402
 
 PHASES = ("sample", "score", "share", "train", "sync")
 
@@ -437,7 +436,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write every number here")
     args = parser.parse_args()
 
-    machine = machine_info("bench.py")
+    machine = machine_info("benchmarks.bench")
     print(f"machine: {describe_machine(machine)}; device {args.device}; {versions()}")
     print(f"native bf16: {bf16_native(torch.device(args.device))}; torch threads {torch.get_num_threads()}")
     results: dict = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}}

@@ -25,9 +25,9 @@ rebuilt (``--report-only``) or arms added later. Every wait is bounded; only pro
 started are ended, by PID. Each node's final checkpoint (1.6 GB) is deleted once its arm is done
 unless ``--keep-checkpoints``.
 
-    .venv/bin/python benchmarks/sapo_table.py --rounds 20                 # both tables
-    .venv/bin/python benchmarks/sapo_table.py --rounds 20 --offpolicy-nodes 2   # table 2 on 2 nodes
-    .venv/bin/python benchmarks/sapo_table.py --arms silo 2/2 --rounds 4  # a quick subset
+    .venv/bin/python -m benchmarks.sapo_table --rounds 20                 # both tables
+    .venv/bin/python -m benchmarks.sapo_table --rounds 20 --offpolicy-nodes 2   # table 2 on 2 nodes
+    .venv/bin/python -m benchmarks.sapo_table --arms silo 2/2 --rounds 4  # a quick subset
 """
 
 from __future__ import annotations
@@ -45,19 +45,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks.common import drop_checkpoints
+from tests.helpers.machine import describe_machine, machine_info
+from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
-from benchmarks.common import (  # noqa: E402
-    describe_machine,
-    drop_checkpoints,
-    machine_info,
-    read_jsonl,
-    record_exit,
-    stop_all,
-    wait_all,
-)
-from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -153,7 +145,7 @@ def node_args(arm: Arm, args: argparse.Namespace, key: Path, swarm_id: str) -> l
 
 
 def script_command() -> str:
-    return "python benchmarks/sapo_table.py " + shlex.join(sys.argv[1:])
+    return "python -m benchmarks.sapo_table " + shlex.join(sys.argv[1:])
 
 
 def arm_complete(arm_dir: Path, nodes: int, rounds: int) -> bool:
@@ -394,7 +386,7 @@ def main() -> int:
     selected = [a for a in arms if args.arms is None or a.name in args.arms]
     args.workdir.mkdir(parents=True, exist_ok=True)
 
-    machine = machine_info("sapo_table")
+    machine = machine_info("benchmarks.sapo_table")
     print(f"machine: {describe_machine(machine)}", file=sys.stderr)
     rivals = machine["other_swarmnode_processes"]
     if rivals:

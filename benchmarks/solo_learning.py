@@ -1,7 +1,7 @@
 """Learning check: SmolLM2 solo on easy arithmetic; mean reward of the first vs the last 10 rounds.
 
-    python benchmarks/solo_learning.py                       # runs 40 rounds, then prints the summary
-    python benchmarks/solo_learning.py --summarize runs/X    # summary of an existing run folder
+    python -m benchmarks.solo_learning                       # runs 40 rounds, then prints the summary
+    python -m benchmarks.solo_learning --summarize runs/X    # summary of an existing run folder
 
 The run is the real `swarmnode solo` command; the summary reads its metrics.jsonl.
 """

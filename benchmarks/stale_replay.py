@@ -12,7 +12,7 @@ correction mode, and the table reports:
 - ``KL(pi_old||pi_new)``: the size of the round's update, exact over the vocabulary at every completion
   position (not an estimate from the sampled tokens).
 
-    .venv/bin/python benchmarks/stale_replay.py --staleness 0 8 20 --updates 8 --lr 3e-4
+    .venv/bin/python -m benchmarks.stale_replay --staleness 0 8 20 --updates 8 --lr 3e-4
 
 See docs/offpolicy.md for what the numbers say.
 """
@@ -20,20 +20,19 @@ See docs/offpolicy.md for what the numbers say.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig
+from swarmnode.learn.batch import TrainSequence, pad_batch
+from swarmnode.learn.trainer import Trainer
+from swarmnode.policy import load_policy
+from swarmnode.prompts import encode_prompt
+from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
+from swarmnode.sampler.hf import HFSampler
 
-from swarmnode.batching import TrainSequence, encode_prompt, pad_batch  # noqa: E402
-from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig  # noqa: E402
-from swarmnode.policy import load_policy  # noqa: E402
-from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef  # noqa: E402
-from swarmnode.sampler.hf import HFSampler  # noqa: E402
-from swarmnode.trainer import Trainer  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 MODES = ("none", "tis", "icepop", "remix")
 

@@ -3,7 +3,7 @@
 For each swarm size N it starts N real ``swarmnode join`` processes on 127.0.0.1 with the tiny model
 (node_configs/tiny.yaml, one torch thread each): one bootstrap, the others joining it, all waiting for
 N-1 peers before round 1 so they start together. Every node writes the opt-in timing trace of
-swarmnode/swarm.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
+swarmnode/swarm/exchange.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
 once all nodes finish, the two are joined:
 
 - latency of a (batch, receiver) pair = receiver's "bytes fetched" time - publisher's publish start
@@ -21,7 +21,7 @@ that has finished leaves the swarm, the DHT records it held (other nodes' roster
 announcements) go with it, and nodes still in their last round then stop waiting for some peers. Every
 wait is bounded; only processes this script started are ended, by PID. Usage:
 
-    .venv/bin/python benchmarks/swarm_latency.py --nodes 4 8 16 --rounds 6
+    .venv/bin/python -m benchmarks.swarm_latency --nodes 4 8 16 --rounds 6
 """
 
 from __future__ import annotations
@@ -37,18 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from tests.helpers.machine import describe_machine, machine_info
+from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
-from benchmarks.common import (  # noqa: E402
-    describe_machine,
-    machine_info,
-    read_jsonl,
-    record_exit,
-    stop_all,
-    wait_all,
-)
-from tests.integration.swarm_procs import NodeProc, start_node  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 TRACE_ENV = "SWARMNODE_SHARE_TRACE"  # swarmnode.swarm.SHARE_TRACE_ENV (not imported: it pulls in torch)
 
@@ -292,7 +284,7 @@ def main() -> int:
         parser.error("--rounds must be larger than --warmup + --cooldown")
     first, last = args.warmup + 1, args.rounds - args.cooldown
 
-    machine = machine_info("swarm_latency")
+    machine = machine_info("benchmarks.swarm_latency")
     print(f"machine: {describe_machine(machine)}", file=sys.stderr)
     for line in machine["other_swarmnode_processes"]:
         print(f"note: another swarmnode process competes for the CPU: {line}", file=sys.stderr)

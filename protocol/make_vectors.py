@@ -20,8 +20,8 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarmnode import protocol as P  # noqa: E402
 from swarmnode.identity import Identity, peer_id_from_public_key  # noqa: E402
+from swarmnode.swarm import protocol  # noqa: E402
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
 
@@ -38,7 +38,7 @@ B = Identity.from_seed(SEED_B)
 # --- messages ------------------------------------------------------------------------------------
 
 
-def roster_card(**changes: Any) -> P.RosterCard:
+def roster_card(**changes: Any) -> protocol.RosterCard:
     fields = dict(
         peer_id=A.peer_id,
         swarm_id=SWARM,
@@ -50,11 +50,11 @@ def roster_card(**changes: Any) -> P.RosterCard:
         timestamp=TIMESTAMP,
         seq=1001,
     )
-    return P.RosterCard(**{**fields, **changes})
+    return protocol.RosterCard(**{**fields, **changes})
 
 
-def completion(text: str, *, logprobs: bool, n_tokens: int = 4, **changes: Any) -> P.WireCompletion:
-    return P.WireCompletion(
+def completion(text: str, *, logprobs: bool, n_tokens: int = 4, **changes: Any) -> protocol.WireCompletion:
+    return protocol.WireCompletion(
         text=text,
         n_tokens=n_tokens,
         finished=True,
@@ -64,10 +64,10 @@ def completion(text: str, *, logprobs: bool, n_tokens: int = 4, **changes: Any) 
     )
 
 
-def rollout_batch(*, logprobs: bool, n_groups: int = 2, **changes: Any) -> P.RolloutBatch:
+def rollout_batch(*, logprobs: bool, n_groups: int = 2, **changes: Any) -> protocol.RolloutBatch:
     groups = []
     for i in range(n_groups):
-        task = P.WireTask(
+        task = protocol.WireTask(
             dataset="basic_arithmetic",
             config={
                 "min_terms": 2,
@@ -83,7 +83,7 @@ def rollout_batch(*, logprobs: bool, n_groups: int = 2, **changes: Any) -> P.Rol
             completion("<answer>7</answer>", logprobs=logprobs),
             completion("Die Antwort ist <answer>8</answer> — grüß dich 🙂", logprobs=logprobs),
         )
-        groups.append(P.WireGroup(task=task, completions=completions, claimed_rewards=(1.0, 0.0)))
+        groups.append(protocol.WireGroup(task=task, completions=completions, claimed_rewards=(1.0, 0.0)))
     fields = dict(
         peer_id=A.peer_id,
         swarm_id=SWARM,
@@ -95,20 +95,20 @@ def rollout_batch(*, logprobs: bool, n_groups: int = 2, **changes: Any) -> P.Rol
         seq=1003,
         groups=tuple(groups),
     )
-    return P.RolloutBatch(**{**fields, **changes})
+    return protocol.RolloutBatch(**{**fields, **changes})
 
 
-def announcement(batch_bytes: bytes, batch: P.RolloutBatch) -> P.BatchAnnouncement:
-    return P.announcement_for(batch, batch_bytes, timestamp=TIMESTAMP, seq=1002)
+def announcement(batch_bytes: bytes, batch: protocol.RolloutBatch) -> protocol.BatchAnnouncement:
+    return protocol.announcement_for(batch, batch_bytes, timestamp=TIMESTAMP, seq=1002)
 
 
 def sign_raw(
     identity: Identity, msg_type: str, swarm_id: str, body: dict[str, Any], version: int = 1
 ) -> bytes:
     """Sign any body (bypassing the encoder's field checks) into a canonical envelope."""
-    body_bytes = P.canonical_packb(body)
-    signature = identity.sign(P.signing_bytes(msg_type, swarm_id, body_bytes))
-    return P.pack_envelope(msg_type, body_bytes, identity.public_key, signature, version)
+    body_bytes = protocol.canonical_packb(body)
+    signature = identity.sign(protocol.signing_bytes(msg_type, swarm_id, body_bytes))
+    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, signature, version)
 
 
 def with_body(msg: Any, drop: str | None = None, **set_: Any) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def message(
         "verdict": verdict,
     }
     if verdict == "accept":
-        msg, sender = P.decode_message(
+        msg, sender = protocol.decode_message(
             data, swarm_id=swarm_id, expected_type=expected_type, expected_peer_id=expected_peer_id
         )
         assert sender == signer.peer_id
@@ -153,10 +153,10 @@ def message(
         v["body"] = body_json(msg.to_body())
     else:
         try:
-            P.decode_message(
+            protocol.decode_message(
                 data, swarm_id=swarm_id, expected_type=expected_type, expected_peer_id=expected_peer_id
             )
-        except P.ProtocolError as e:
+        except protocol.ProtocolError as e:
             assert e.reason == verdict, (name, e)
         else:
             raise AssertionError(f"{name}: accepted, expected {verdict}")
@@ -172,7 +172,7 @@ def frame_header(name: str, description: str, data: bytes, verdict: str) -> dict
         "verdict": verdict,
     }
     if verdict == "accept":
-        v["length"] = P.parse_frame_header(data)
+        v["length"] = protocol.parse_frame_header(data)
     return v
 
 
@@ -189,14 +189,14 @@ def body_json(value: Any) -> Any:
 
 def build_vectors() -> list[dict[str, Any]]:
     card = roster_card()
-    card_bytes = P.encode_message(A, SWARM, card)
+    card_bytes = protocol.encode_message(A, SWARM, card)
     batch = rollout_batch(logprobs=True)
-    batch_bytes = P.encode_message(A, SWARM, batch)
+    batch_bytes = protocol.encode_message(A, SWARM, batch)
     batch_plain = rollout_batch(logprobs=False, seq=1005)
-    ann_bytes = P.encode_message(A, SWARM, announcement(batch_bytes, batch))
-    RC, BA, RB = P.ROSTER_CARD, P.BATCH_ANNOUNCEMENT, P.ROLLOUT_BATCH
+    ann_bytes = protocol.encode_message(A, SWARM, announcement(batch_bytes, batch))
+    RC, BA, RB = protocol.ROSTER_CARD, protocol.BATCH_ANNOUNCEMENT, protocol.ROLLOUT_BATCH
 
-    card_signed = P.signing_bytes(RC, SWARM, P.canonical_packb(card.to_body()))
+    card_signed = protocol.signing_bytes(RC, SWARM, protocol.canonical_packb(card.to_body()))
     forged = card_bytes.replace(A.sign(card_signed), B.sign(card_signed))
     assert forged != card_bytes and len(forged) == len(card_bytes)
 
@@ -206,15 +206,17 @@ def build_vectors() -> list[dict[str, Any]]:
 
     small_order_key = bytes([1]) + bytes(31)  # the neutral point: "verifies" S = 0 with R = neutral
     small_body = with_body(card, peer_id=peer_id_from_public_key(small_order_key))
-    small = P.pack_envelope(RC, P.canonical_packb(small_body), small_order_key, bytes([1]) + bytes(63))
+    small = protocol.pack_envelope(
+        RC, protocol.canonical_packb(small_body), small_order_key, bytes([1]) + bytes(63)
+    )
 
-    unsorted_body = P.canonical_packb(card.to_body())  # signature over the canonical body ...
-    sig = A.sign(P.signing_bytes(RC, SWARM, unsorted_body))
+    unsorted_body = protocol.canonical_packb(card.to_body())  # signature over the canonical body ...
+    sig = A.sign(protocol.signing_bytes(RC, SWARM, unsorted_body))
     raw_env = {"b": card.to_body(), "k": A.public_key, "s": sig, "t": RC, "v": 1}  # ... body sent unsorted
     non_canonical_order = msgpack.packb(raw_env, use_bin_type=True)
 
     f32_env = msgpack.packb(
-        {"b": P._canonical(card.to_body(), 1), "k": A.public_key, "s": sig, "t": RC, "v": 1},
+        {"b": protocol._canonical(card.to_body(), 1), "k": A.public_key, "s": sig, "t": RC, "v": 1},
         use_bin_type=True,
         use_single_float=True,
     )
@@ -222,7 +224,7 @@ def build_vectors() -> list[dict[str, Any]]:
     extra_card = roster_card(extra={"region": "eu-west", "x_future": {"capacity": 3, "gpus": ["h100"]}})
     extra_batch = rollout_batch(logprobs=False, seq=1007, n_groups=1)
     g = extra_batch.groups[0]
-    g2 = P.WireGroup(
+    g2 = protocol.WireGroup(
         task=replace(g.task, extra={"difficulty": 0.25}),
         completions=(replace(g.completions[0], extra={"sampler": "vllm"}), g.completions[1]),
         claimed_rewards=g.claimed_rewards,
@@ -230,29 +232,29 @@ def build_vectors() -> list[dict[str, Any]]:
     )
     extra_batch = replace(extra_batch, groups=(g2,))
 
-    big_card = roster_card(extra={"padding": "x" * (P.MAX_RECORD_BYTES - 400)})
+    big_card = roster_card(extra={"padding": "x" * (protocol.MAX_RECORD_BYTES - 400)})
     big = sign_raw(A, RC, SWARM, big_card.to_body())
-    assert len(big) > P.MAX_RECORD_BYTES
+    assert len(big) > protocol.MAX_RECORD_BYTES
 
     boundaries = rollout_batch(logprobs=False, n_groups=1, seq=1011)
     config = {f"i{n}": n for n in (0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1)}
     config |= {f"n{-n}": n for n in (-1, -32, -33, -128, -129, -32768, -32769, -(2**31), -(2**31) - 1)}
     config |= {"nmin": -(2**63), "f": -0.0, "s31": "x" * 31, "s32": "x" * 32, "s256": "y" * 256}
     config |= {"l15": list(range(15)), "l16": list(range(16)), "a": 1, "ab": 2, "a_b": 3, "Z": 4, "ä": 5}
-    long_completion = P.WireCompletion(
+    long_completion = protocol.WireCompletion(
         text="é" * 8000, n_tokens=64, logprobs=tuple(-i / 64 for i in range(64)), token_ids=tuple(range(64))
     )
     boundaries = replace(
         boundaries,
         groups=(replace(boundaries.groups[0], task=replace(boundaries.groups[0].task, config=config)),)
         + (
-            P.WireGroup(
+            protocol.WireGroup(
                 task=boundaries.groups[0].task, completions=(long_completion,), claimed_rewards=(0.1,)
             ),
         ),
     )
 
-    too_many = rollout_batch(logprobs=False, n_groups=P.MAX_GROUPS_PER_BATCH + 1, seq=1009)
+    too_many = rollout_batch(logprobs=False, n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, seq=1009)
     mismatch_lp = with_body(batch)
     mismatch_lp["groups"][0]["completions"][0]["logprobs"] = struct.pack("<3f", -0.5, -1.0, -2.0)
     nan_reward = with_body(batch)
@@ -281,7 +283,7 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "rollout_batch_valid_no_logprobs",
             "The same groups without log-probs or token ids (nil).",
-            P.encode_message(A, SWARM, batch_plain),
+            protocol.encode_message(A, SWARM, batch_plain),
             "accept",
             expected_type=RB,
         ),
@@ -295,14 +297,14 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "roster_card_unknown_fields",
             "Unknown body fields are ignored but signed, and re-encode exactly.",
-            P.encode_message(A, SWARM, extra_card),
+            protocol.encode_message(A, SWARM, extra_card),
             "accept",
             expected_type=RC,
         ),
         message(
             "rollout_batch_unknown_nested_fields",
             "Unknown fields inside a group, a task and a completion.",
-            P.encode_message(A, SWARM, extra_batch),
+            protocol.encode_message(A, SWARM, extra_batch),
             "accept",
             expected_type=RB,
         ),
@@ -310,7 +312,7 @@ def build_vectors() -> list[dict[str, Any]]:
             "rollout_batch_encoding_boundaries",
             "Canonical-form edge cases: every integer width at its limits, -0.0, str8/str16, array16, "
             "map16, bin16, non-ASCII text and map keys sorted by UTF-8 bytes.",
-            P.encode_message(A, SWARM, boundaries),
+            protocol.encode_message(A, SWARM, boundaries),
             "accept",
             expected_type=RB,
         ),
@@ -434,7 +436,7 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "wrong_swarm",
             "Validly signed for swarm 'other-swarm'.",
-            P.encode_message(A, "other-swarm", roster_card(swarm_id="other-swarm")),
+            protocol.encode_message(A, "other-swarm", roster_card(swarm_id="other-swarm")),
             "wrong_swarm",
             expected_type=RC,
         ),
@@ -462,7 +464,7 @@ def build_vectors() -> list[dict[str, Any]]:
         ),
         message(
             "too_many_groups",
-            f"{P.MAX_GROUPS_PER_BATCH + 1} groups (limit {P.MAX_GROUPS_PER_BATCH}).",
+            f"{protocol.MAX_GROUPS_PER_BATCH + 1} groups (limit {protocol.MAX_GROUPS_PER_BATCH}).",
             sign_raw(A, RB, SWARM, too_many.to_body()),
             "over_limit",
             expected_type=RB,
@@ -491,7 +493,7 @@ def build_vectors() -> list[dict[str, Any]]:
         frame_header(
             "frame_header_oversize",
             "MAX_FRAME_BYTES + 1: rejected before reading the body.",
-            (P.MAX_FRAME_BYTES + 1).to_bytes(4, "big"),
+            (protocol.MAX_FRAME_BYTES + 1).to_bytes(4, "big"),
             "oversize",
         ),
         frame_header(

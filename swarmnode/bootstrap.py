@@ -15,7 +15,6 @@ the DHT process and p2pd are shut down before it exits.
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,14 +22,11 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 from swarmnode import __version__
+from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.identity import load_or_create
 from swarmnode.metrics import MetricsServer
-from swarmnode.transport import Transport
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+from swarmnode.swarm.transport import Transport
 
 
 class BootstrapCollector:

@@ -16,12 +16,13 @@ import json
 import os
 import random
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_model, save_model
+
+from swarmnode.common import fsync_dir, log
 
 PREFIX = "round-"
 FILES = ("model.safetensors", "trainer.pt", "state.json")
@@ -41,14 +42,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def estimated_size(model, optimizer_moments: int = 2) -> int:
@@ -79,7 +72,7 @@ def save(root: Path, round_: int, policy_version: int, model, optimizer, digest:
     if final.exists():  # a re-run of the same round after a resume: replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     _prune(root, keep)
     return final
 
@@ -142,7 +135,7 @@ def validate(path: Path) -> CheckpointInfo:
     return CheckpointInfo(path, round_, version, digest)
 
 
-def newest_valid(root: Path, log=lambda msg: print(msg, file=sys.stderr)) -> CheckpointInfo | None:
+def newest_valid(root: Path, log=log) -> CheckpointInfo | None:
     """The newest checkpoint that passes validation; invalid newer ones are reported and skipped."""
     for path in _candidates(root) if root.is_dir() else []:
         try:

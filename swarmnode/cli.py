@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from swarmnode.config import ConfigError, NodeConfig, load_config, parse_override
+from swarmnode.config import NodeConfig, load_config, parse_override
+from swarmnode.errors import ConfigError
 
 app = typer.Typer(
     help="Decentralized RL post-training node (SAPO-style rollout sharing).",
@@ -47,7 +48,7 @@ _USER_ERRORS = (
     ("swarmnode.policy", "PolicyError"),
     ("swarmnode.tasks", "TaskError"),
     ("swarmnode.status", "StatusError"),
-    ("swarmnode.transport", "TransportError"),
+    ("swarmnode.swarm.transport", "TransportError"),
 )
 
 
@@ -89,7 +90,7 @@ def _announce(announce: list[str] | None, sets: list[str] | None, listen_key: st
     (``listen_key``), unless the listening addresses are given with --set."""
     if not announce:
         return {}
-    from swarmnode.reachability import tcp_ports
+    from swarmnode.swarm.reachability import tcp_ports
 
     ports = tcp_ports(announce)
     if len(ports) != len(announce) or 0 in ports:
@@ -142,7 +143,7 @@ def join(
                 "own. Pass --peers MULTIADDR of a bootstrap node or a member (docs/operators.md)."
             )
         from swarmnode.node import Node
-        from swarmnode.swarm import Swarm
+        from swarmnode.swarm.exchange import Swarm
 
         node = Node(cfg)
         swarm = Swarm(

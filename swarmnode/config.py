@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from swarmnode.errors import ConfigError
+
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 
 SAPO_TASKS = (
@@ -27,10 +29,6 @@ SAPO_TASKS = (
     "fraction_simplification",
     "propositional_logic",
 )
-
-
-class ConfigError(Exception):
-    """A config problem a user can fix; the message names the field and the file."""
 
 
 class _Strict(BaseModel):

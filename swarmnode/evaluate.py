@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-from swarmnode import checkpoint as ckpt
-from swarmnode.batching import encode_prompt, left_pad
-from swarmnode.config import ConfigError, NodeConfig
+from swarmnode.checkpoint import load_model_weights, newest_valid, validate
+from swarmnode.common import log
+from swarmnode.config import NodeConfig
+from swarmnode.errors import ConfigError
+from swarmnode.learn.batch import left_pad
 from swarmnode.policy import load_policy
+from swarmnode.prompts import encode_prompt
 from swarmnode.tasks import TaskBank
 
 
@@ -39,17 +41,17 @@ def evaluate_checkpoint(
     bank = TaskBank(cfg.tasks)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     if checkpoint is None:
-        info = ckpt.newest_valid(Path(cfg.run.run_dir) / "checkpoints")
+        info = newest_valid(Path(cfg.run.run_dir) / "checkpoints")
         if info is None:
-            print("no checkpoint found: evaluating the initial model", file=sys.stderr)
+            log("no checkpoint found: evaluating the initial model")
     else:
         try:
-            info = ckpt.validate(checkpoint)
+            info = validate(checkpoint)
         except ValueError as exc:
             raise ConfigError(f"--checkpoint {checkpoint}: {exc}") from None
     if info is not None:
-        ckpt.load_model_weights(info, policy.model)
-        print(f"evaluating {info.path} (round {info.round})", file=sys.stderr)
+        load_model_weights(info, policy.model)
+        log(f"evaluating {info.path} (round {info.round})")
     report = {}
     for task, refs in bank.eval_refs(per_task).items():
         questions = [bank.question(ref) for ref in refs]

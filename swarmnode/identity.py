@@ -28,6 +28,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from swarmnode.common import fsync_dir
+
 KEY_TYPE_ED25519 = 1
 PRIVATE_KEY_HEADER = bytes([0x08, KEY_TYPE_ED25519, 0x12, 0x40])  # then 64 bytes: seed || public key
 PUBLIC_KEY_HEADER = bytes([0x08, KEY_TYPE_ED25519, 0x12, 0x20])  # then 32 bytes: public key
@@ -175,7 +177,7 @@ class Identity:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
     # --- signing -------------------------------------------------------------------------------
     def sign(self, data: bytes) -> bytes:
@@ -197,15 +199,6 @@ def _exists_error(path: Path) -> FileExistsError:
         f"identity file {str(path)!r} already exists; refusing to overwrite it (that would change this "
         f"node's peer id). Pass --force to replace it."
     )
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def load_or_create(path: str | os.PathLike) -> tuple[Identity, bool]:

@@ -10,7 +10,6 @@ writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``)
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from swarmnode import __version__
+from swarmnode.common import atomic_write
 
 TARGET_FILE = "prometheus_target.json"
 
@@ -144,8 +144,8 @@ class NodeCollector:
         )
         # Every known reason is exported from 0 (not only those seen so far), so that rate() and the
         # reject-rate alert have a series on a healthy node and the first rejection counts as an increase.
-        from swarmnode.transport import FETCH_FAILURE_REASONS  # swarm nodes have these loaded already
-        from swarmnode.verify import ALL_REASONS
+        from swarmnode.swarm.transport import FETCH_FAILURE_REASONS  # swarm nodes have these loaded already
+        from swarmnode.swarm.verify import ALL_REASONS
 
         for reason, count in {**dict.fromkeys(ALL_REASONS, 0), **s["rejected"]}.items():
             rejected.add_metric([reason], count)
@@ -209,9 +209,7 @@ class MetricsServer:
     def write_target(self, run_dir: Path, labels: dict[str, str]) -> Path:
         """A Prometheus ``file_sd_configs`` entry for this node, replaced atomically."""
         path = run_dir / TARGET_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"targets": [f"{self.host}:{self.port}"], "labels": labels}]))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps([{"targets": [f"{self.host}:{self.port}"], "labels": labels}]))
         return path
 
     def close(self) -> None:

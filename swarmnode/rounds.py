@@ -11,13 +11,14 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from swarmnode.batching import encode_prompt, to_sequences
 from swarmnode.config import NodeConfig
-from swarmnode.replay import ReplayBuffer
+from swarmnode.learn.batch import to_sequences
+from swarmnode.learn.replay import ReplayBuffer
+from swarmnode.learn.trainer import Trainer
+from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup
 from swarmnode.sampler import Sampler
 from swarmnode.tasks import TaskBank
-from swarmnode.trainer import Trainer
 
 Exchange = Callable[[int, list[RolloutGroup]], list[RolloutGroup]]
 

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from swarmnode.common import atomic_write
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -34,9 +36,7 @@ class RunLog:
         # Also rewrite when a line is cut or the last newline is missing: the next append would
         # otherwise land on the same line as the last record.
         if dropped or len(records) != len(text.splitlines()) or (text and not text.endswith("\n")):
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-            os.replace(tmp, self.path)
+            atomic_write(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         return dropped
 
     def append(self, record: dict[str, Any]) -> None:

@@ -10,11 +10,8 @@ import json
 import time
 from pathlib import Path
 
+from swarmnode.errors import StatusError
 from swarmnode.runlog import RunLog
-
-
-class StatusError(Exception):
-    """Nothing to show: the message says where we looked."""
 
 
 def read_status(run_dir: Path) -> dict:

@@ -32,6 +32,7 @@ from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
 from swarmnode.config import TasksConfig
+from swarmnode.errors import TaskError
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 
 INDEX_LIMIT = 2**31  # refs carry 0 <= index < INDEX_LIMIT
@@ -49,27 +50,14 @@ for _module in ("algorithmic.binary_matrix", "algorithmic.spiral_matrix", "algor
 
 # These datasets score an answer by handing its text to sympy's parse_expr, which evaluates it as Python:
 # a completion can run any code on the node that scores it. A swarm node scores its peers' completions,
-# so it refuses them in its mix (swarmnode.verify); solo nodes score only their own model's text.
+# so it refuses them in its mix (swarmnode.swarm.verify); solo nodes score only their own model's text.
 CODE_EVAL_SCORERS = frozenset(
     {"countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"}
 )
 
-DEFAULT_SYSTEM_PROMPT = "Answer the question. Put the final answer inside <answer></answer> tags."
-
-# A worked example turn before the question: SmolLM2-135M used the tags in 0 of 64 completions with the
-# instruction alone and in 17 of 64 with it (easy arithmetic), which is what lets format and task
-# reward vary within a group from the first round.
-_EXAMPLE = [
-    {"role": "user", "content": "What is 3 + 4?"},
-    {"role": "assistant", "content": "3 + 4 = 7\n<answer>7</answer>"},
-]
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
 _ANSWER_MARKER = re.compile(r"\banswer(?:\s+is\b\s*:?|\s*:)", re.IGNORECASE)
-
-
-class TaskError(ValueError):
-    """A task mix or task ref this node cannot use; the message names the offending field."""
 
 
 @dataclass(frozen=True)
@@ -81,13 +69,6 @@ class Question:
     text: str
     answer: str | None
     entry: dict[str, Any]
-
-
-def prompt_messages(question_text: str, system_prompt: str | None = None) -> list[dict[str, str]]:
-    """Chat messages for one question: the system prompt states the rewarded answer format and one
-    example exchange shows it."""
-    system = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
-    return [{"role": "system", "content": system}, *_EXAMPLE, {"role": "user", "content": question_text}]
 
 
 def extract_answer(text: str) -> tuple[str, bool]:

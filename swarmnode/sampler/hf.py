@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import GenerationConfig
 
-from swarmnode.batching import left_pad
+from swarmnode.learn.batch import left_pad
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from swarmnode.config import SamplingConfig
-from swarmnode.policy import bf16_native
+from swarmnode.learn.precision import bf16_native
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
 

@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode import checkpoint
-from tests.fuzz.mutations import fuzz_settings, note
-from tests.unit.test_checkpoint import save, trained
+from tests.helpers.checkpoints import save, trained
+from tests.helpers.mutations import fuzz_settings, note
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode import protocol as P
 from swarmnode.identity import Identity, peer_id_from_public_key, public_key_from_peer_id
-from tests.fuzz.mutations import (
+from swarmnode.swarm import protocol
+from tests.helpers.mutations import (
     ACCEPTED,
     FRAME_SEEDS,
     MESSAGE_SEEDS,
@@ -37,12 +37,12 @@ SIGNER = Identity.from_seed(SIGNER_SEED)  # the vectors' honest sender: the peer
 MiB = 1024 * 1024
 
 
-def decode(data: bytes, expected_type: str | None = None) -> tuple[str, P.Message | None]:
+def decode(data: bytes, expected_type: str | None = None) -> tuple[str, protocol.Message | None]:
     """(verdict, message): "accept" or the reject reason. Any other exception fails the test."""
     try:
-        msg, sender = P.decode_message(data, swarm_id=SWARM, expected_type=expected_type)
-    except P.ProtocolError as exc:
-        assert exc.reason in P.REJECT_REASONS, exc
+        msg, sender = protocol.decode_message(data, swarm_id=SWARM, expected_type=expected_type)
+    except protocol.ProtocolError as exc:
+        assert exc.reason in protocol.REJECT_REASONS, exc
         note(f"reject: {exc.reason}")
         return exc.reason, None
     assert sender == msg.peer_id
@@ -53,11 +53,11 @@ def decode(data: bytes, expected_type: str | None = None) -> tuple[str, P.Messag
 def test_the_seeds_are_the_protocol_vectors():
     assert len(MESSAGE_SEEDS) >= 30 and len(FRAME_SEEDS) >= 4 and len(ACCEPTED) >= 5
     assert len(STRUCTURE_SEEDS) >= 20
-    assert P.encode_message(SIGNER, SWARM, decode(min(ACCEPTED, key=len))[1]) == min(ACCEPTED, key=len)
+    assert protocol.encode_message(SIGNER, SWARM, decode(min(ACCEPTED, key=len))[1]) == min(ACCEPTED, key=len)
 
 
 @fuzz_settings(scale=3)
-@given(byte_mutant(MESSAGE_SEEDS), st.sampled_from([None, *P.MESSAGE_TYPES]))
+@given(byte_mutant(MESSAGE_SEEDS), st.sampled_from([None, *protocol.MESSAGE_TYPES]))
 def test_byte_mutants_are_rejected_with_a_reason(data, expected_type):
     verdict, _ = decode(data, expected_type)
     if verdict == "accept":  # only bytes a key holder signed get through: an accepted vector, unchanged
@@ -65,7 +65,9 @@ def test_byte_mutants_are_rejected_with_a_reason(data, expected_type):
 
 
 signed_mutants = st.sampled_from(STRUCTURE_SEEDS).flatmap(
-    lambda seed: st.tuples(st.sampled_from([seed[0]] * 6 + list(P.MESSAGE_TYPES)), structural_mutant(seed[1]))
+    lambda seed: st.tuples(
+        st.sampled_from([seed[0]] * 6 + list(protocol.MESSAGE_TYPES)), structural_mutant(seed[1])
+    )
 )
 
 
@@ -76,7 +78,7 @@ def test_signed_structural_mutants_are_rejected_or_reencode_exactly(mutant):
     data = sign_body(SIGNER, msg_type, body, SWARM)
     verdict, msg = decode(data)
     if verdict == "accept":  # a message that passes every check is canonical and within every limit
-        assert P.encode_message(SIGNER, SWARM, msg) == data
+        assert protocol.encode_message(SIGNER, SWARM, msg) == data
         assert len(data) <= type(msg).MAX_BYTES
 
 
@@ -100,17 +102,19 @@ def _array32(items: list[bytes]) -> bytes:
 
 def _max_valid_batch() -> bytes:
     """A valid batch just under MAX_FRAME_BYTES: 64 groups x 64 completions of ~900 bytes."""
-    completion = P.WireCompletion(text="é" * 445, n_tokens=8, logprobs=(-1.0,) * 8, token_ids=tuple(range(8)))
-    group = P.WireGroup(
-        task=P.WireTask("basic_arithmetic", {"min_terms": 2}, seed=1, index=2),
+    completion = protocol.WireCompletion(
+        text="é" * 445, n_tokens=8, logprobs=(-1.0,) * 8, token_ids=tuple(range(8))
+    )
+    group = protocol.WireGroup(
+        task=protocol.WireTask("basic_arithmetic", {"min_terms": 2}, seed=1, index=2),
         completions=(completion,) * 64,
         claimed_rewards=(0.0,) * 64,
     )
-    batch = P.RolloutBatch(
+    batch = protocol.RolloutBatch(
         peer_id=SIGNER.peer_id, swarm_id=SWARM, round=1, policy_version=1, model_name="m",
         tokenizer_fingerprint="", timestamp=1.0, seq=1, groups=(group,) * 64,
     )  # fmt: skip
-    return P.encode_message(SIGNER, SWARM, batch)
+    return protocol.encode_message(SIGNER, SWARM, batch)
 
 
 WORST_CASES = {
@@ -131,7 +135,7 @@ WORST_CASES = {
 
 @pytest.mark.parametrize("name", list(WORST_CASES))
 def test_worst_case_inputs_cost_bounded_memory_and_time(name, record_property):
-    data = WORST_CASES[name]()[: P.MAX_FRAME_BYTES]
+    data = WORST_CASES[name]()[: protocol.MAX_FRAME_BYTES]
     tracemalloc.start()
     try:
         decode(data)
@@ -152,22 +156,22 @@ def test_worst_case_inputs_cost_bounded_memory_and_time(name, record_property):
 
 
 @fuzz_settings()
-@given(st.binary(max_size=8) | byte_mutant(FRAME_SEEDS), st.sampled_from([P.MAX_FRAME_BYTES, 255, 0]))
+@given(st.binary(max_size=8) | byte_mutant(FRAME_SEEDS), st.sampled_from([protocol.MAX_FRAME_BYTES, 255, 0]))
 def test_frame_headers_parse_within_the_cap_or_are_refused(header, cap):
     try:
-        length = P.parse_frame_header(header, cap)
-    except P.ProtocolError as exc:
+        length = protocol.parse_frame_header(header, cap)
+    except protocol.ProtocolError as exc:
         assert exc.reason in {"malformed", "oversize"}
         return
-    assert 0 <= length <= cap and P.encode_frame_header(length, cap) == header
+    assert 0 <= length <= cap and protocol.encode_frame_header(length, cap) == header
 
 
 @fuzz_settings()
 @given(st.binary(max_size=64))
 def test_pull_requests_are_32_bytes_or_malformed(request_bytes):
     try:
-        assert P.parse_pull_request(request_bytes) == request_bytes and len(request_bytes) == 32
-    except P.ProtocolError as exc:
+        assert protocol.parse_pull_request(request_bytes) == request_bytes and len(request_bytes) == 32
+    except protocol.ProtocolError as exc:
         assert exc.reason == "malformed" and len(request_bytes) != 32
 
 
@@ -202,5 +206,5 @@ def test_peer_ids_map_back_to_exactly_one_key(peer_id):
 def test_msgpack_is_never_decoded_without_limits():
     """The one msgpack decode on the network path refuses what the limits refuse (spot check of
     ``protocol._unpack``; tests/unit/test_security.py checks the source for other decode calls)."""
-    big = msgpack.packb({"v": 1, "b": "x" * (P.UNPACK_MAX_STR_LEN + 1)})
+    big = msgpack.packb({"v": 1, "b": "x" * (protocol.UNPACK_MAX_STR_LEN + 1)})
     assert decode(big)[0] == "malformed"

@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode import protocol as P
 from swarmnode.config import TasksConfig
 from swarmnode.rollouts import Completion, Provenance
+from swarmnode.swarm import protocol
+from swarmnode.swarm.verify import ALL_REASONS
 from swarmnode.tasks import INDEX_LIMIT, SEED_LIMIT, TaskBank
-from swarmnode.verify import ALL_REASONS
-from tests.fuzz.mutations import fuzz_settings, note, sign_body, structural_mutant
-from tests.unit.test_verify import HOSTILE, MIX, SWARM, Node, Peer
+from tests.helpers.mutations import fuzz_settings, note, sign_body, structural_mutant
+from tests.helpers.verify_world import HOSTILE, MIX, SWARM, Node, Peer
 
 PEER = HOSTILE.peer_id
 
@@ -42,13 +42,13 @@ def peer_bank() -> TaskBank:
 
 
 @pytest.fixture(scope="module")
-def valid(peer_bank: TaskBank) -> P.RolloutBatch:
+def valid(peer_bank: TaskBank) -> protocol.RolloutBatch:
     """An honest batch of two groups; mutants are announced with its round, version and group count."""
     peer = Peer(HOSTILE, peer_bank)
     return peer.batch(peer.groups(2))
 
 
-def deliver(node: Node, peer: Peer, data: bytes, batch_like: P.RolloutBatch) -> list:
+def deliver(node: Node, peer: Peer, data: bytes, batch_like: protocol.RolloutBatch) -> list:
     """The swarm loop's path for one pulled payload that its announcer vouched for (signed sha256)."""
     record = peer.announce(data, batch_like)
     return node.receive(record, data, subkey=PEER, stream_peer=PEER)
@@ -74,7 +74,7 @@ def check_outcome(node: Node, bank: TaskBank, accepted: list) -> None:
 @given(data=st.data())
 def test_signed_mutants_of_a_valid_batch(bank, peer_bank, valid, data):
     body = data.draw(structural_mutant(valid.to_body()))
-    payload = sign_body(HOSTILE, P.ROLLOUT_BATCH, body, SWARM)
+    payload = sign_body(HOSTILE, protocol.ROLLOUT_BATCH, body, SWARM)
     node = Node(bank)
     check_outcome(node, bank, deliver(node, Peer(HOSTILE, peer_bank), payload, valid))
 
@@ -108,7 +108,7 @@ def test_batches_of_adversarial_completions(bank, peer_bank, texts, honest_claim
         groups.append(group)
     batch = peer.batch(groups)
     node = Node(bank)
-    check_outcome(node, bank, deliver(node, peer, P.encode_message(HOSTILE, SWARM, batch), batch))
+    check_outcome(node, bank, deliver(node, peer, protocol.encode_message(HOSTILE, SWARM, batch), batch))
 
 
 @fuzz_settings(scale=0.5)
@@ -123,7 +123,7 @@ def test_random_task_refs_regenerate_or_are_bad_task(bank, peer_bank, valid, dat
     for group in body["groups"]:
         config = dict(MIX[dataset].config) if dataset in MIX else {}
         group["task"].update(dataset=dataset, config=config, seed=seed, index=index)
-    payload = sign_body(HOSTILE, P.ROLLOUT_BATCH, body, SWARM)
+    payload = sign_body(HOSTILE, protocol.ROLLOUT_BATCH, body, SWARM)
     node = Node(bank)
     accepted = deliver(node, Peer(HOSTILE, peer_bank), payload, valid)
     check_outcome(node, bank, accepted)

@@ -17,9 +17,10 @@ import urllib.request
 from pathlib import Path
 
 from swarmnode.config import SwarmConfig
+from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.transport import Transport, TransportError
-from tests.integration.swarm_procs import REPO, start_bootstrap, start_node
+from swarmnode.swarm.transport import Transport
+from tests.helpers.swarm_procs import HELPERS, REPO, start_bootstrap, start_node
 
 PUBLIC_DEMO = "node_configs/public-demo.yaml"
 # the public-demo config itself, made fast: the tiny model and its easy tasks, short rounds
@@ -217,7 +218,7 @@ def _start_with_clock_offset(tmp_path: Path, seconds: int, initial_peer: str) ->
     offset_file = tmp_path / f"offset{seconds}"
     offset_file.write_text(str(seconds))
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("_clock_jump.py")), str(offset_file),
+        [sys.executable, str(HELPERS / "_clock_jump.py"), str(offset_file),
          sys.executable, "-m", "swarmnode.cli", "join", "--config", "node_configs/tiny.yaml",
          "--run-dir", str(tmp_path / f"clock{seconds}"), "--rounds", "0", "--set", "run.metrics_port=null",
          "--peers", initial_peer],
@@ -234,9 +235,9 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
     the node skips them and says so once per peer; compatible peers are unaffected."""
     from types import SimpleNamespace
 
-    from swarmnode import protocol as P
     from swarmnode.config import NodeConfig
-    from swarmnode.swarm import Swarm
+    from swarmnode.swarm import protocol
+    from swarmnode.swarm.exchange import Swarm
     from swarmnode.tasks import TaskBank
 
     keys = {name: tmp_path / f"{name}.key" for name in ("node", "foreign", "newer", "honest")}
@@ -258,12 +259,12 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
             ("newer", "ours", 2),
             ("honest", "ours", 1),
         ):
-            card = P.RosterCard(
+            card = protocol.RosterCard(
                 peer_id=ids[name].peer_id, swarm_id=swarm_id, model_name="m", tokenizer_fingerprint="ab",
                 policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=1, protocol_version=version,
             )  # fmt: skip
-            record = P.encode_message(ids[name], swarm_id, card)
-            assert writer.put_record(P.roster_key("ours"), ids[name].peer_id, record, 60)
+            record = protocol.encode_message(ids[name], swarm_id, card)
+            assert writer.put_record(protocol.roster_key("ours"), ids[name].peer_id, record, 60)
         assert node._live_peers() == {ids["honest"].peer_id}
         assert node._live_peers() == {ids["honest"].peer_id}  # asked again: no new lines
     finally:

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from benchmarks.chaos import SLACK_S, run_chaos
+from tests.helpers.chaos import SLACK_S, run_chaos
 from swarmnode import checkpoint
-from tests.integration import netns
-from tests.integration.swarm_procs import NodeProc, start_bootstrap, start_node
-from tests.unit.test_checkpoint import save, trained
+from tests.helpers import netns
+from tests.helpers.checkpoints import save, trained
+from tests.helpers.swarm_procs import NodeProc, start_bootstrap, start_node
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
@@ -75,7 +75,7 @@ def test_eight_node_chaos(tmp_path):
     assert report["problems"] == [], json.dumps(report, indent=1)
 
 
-# --- network faults between hosts (network namespaces, tests/integration/netns.py) ---------------------
+# --- network faults between hosts (network namespaces, tests/helpers/netns.py) ---------------------
 
 NETNS_REASON = netns.unavailable_reason(nft=True)
 NET_DEADLINE_S = 6.0

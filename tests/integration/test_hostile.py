@@ -25,10 +25,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.transport import FETCH_FAILURE_REASONS
-from swarmnode.verify import ALL_REASONS
-from tests.integration.hostile_peer import HOSTILE_INDEX_BASE
-from tests.integration.swarm_procs import start_hostile, start_node
+from swarmnode.swarm.transport import FETCH_FAILURE_REASONS
+from swarmnode.swarm.verify import ALL_REASONS
+from tests.helpers.hostile_peer import HOSTILE_INDEX_BASE
+from tests.helpers.swarm_procs import start_hostile, start_node
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes

@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from swarmnode.config import load_config
-from tests.integration.swarm_procs import start_node
+from tests.helpers.swarm_procs import start_node
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"

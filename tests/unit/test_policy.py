@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from swarmnode import policy as policy_module
 from swarmnode.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, TinyModelConfig
-from swarmnode.policy import PolicyError, load_policy, state_digest
+from swarmnode.errors import PolicyError
+from swarmnode.policy import load_policy, state_digest
 
 MESSAGES = [
     {"role": "system", "content": "Give the answer in <answer> tags."},

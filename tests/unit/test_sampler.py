@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from swarmnode.batching import TrainSequence, completion_logprobs, encode_prompt, pad_batch
 from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
+from swarmnode.learn.batch import TrainSequence, completion_logprobs, pad_batch
 from swarmnode.policy import load_policy
+from swarmnode.prompts import encode_prompt
 from swarmnode.sampler import make_sampler
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.sampler.vllm import unavailable

@@ -8,8 +8,8 @@
 - Key files are created 0600; the metrics server listens on 127.0.0.1 unless told otherwise.
 
 Per-peer resource caps are tested where they live: tests/integration/test_transport.py (streams per peer
-and in all, request/serve deadlines, frame caps), tests/unit/test_peers.py (batch and byte rates, bans,
-bounded peer table), tests/unit/test_swarm_state.py (bounded exchange state).
+and in all, request/serve deadlines, frame caps), tests/unit/swarm/test_peers.py (batch and byte rates, bans,
+bounded peer table), tests/unit/swarm/test_swarm_state.py (bounded exchange state).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import swarmnode
-from swarmnode.config import ConfigError, NodeConfig, TasksConfig, TaskSpec
+from swarmnode.config import NodeConfig, TasksConfig, TaskSpec
+from swarmnode.errors import ConfigError
 from swarmnode.identity import load_or_create
 
 PACKAGE = Path(swarmnode.__file__).resolve().parent
@@ -123,7 +124,8 @@ def test_no_reasoning_gym_scorer_runs_answer_text_except_the_refused_ones(tmp_pa
     ``CODE_EVAL_SCORERS`` run them, and those are exactly the ones a swarm node refuses."""
     from reasoning_gym.factory import DATASETS
 
-    from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank, TaskError
+    from swarmnode.errors import TaskError
+    from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank
 
     executed, scored = set(), 0
     for name in sorted(DATASETS):
@@ -144,9 +146,9 @@ def test_no_reasoning_gym_scorer_runs_answer_text_except_the_refused_ones(tmp_pa
 
 
 def test_a_swarm_node_refuses_datasets_whose_scorer_runs_answer_text():
-    from swarmnode.peers import PeerBook
+    from swarmnode.swarm.peers import PeerBook
+    from swarmnode.swarm.verify import Verifier
     from swarmnode.tasks import TaskBank
-    from swarmnode.verify import Verifier
 
     bank = TaskBank(TasksConfig(mix={"countdown": TaskSpec(), "basic_arithmetic": TaskSpec()}, seed=1))
     with pytest.raises(ConfigError, match=r"tasks\.mix\.countdown: .*evaluating the answer text as Python"):

@@ -6,15 +6,10 @@ from collections import Counter
 import pytest
 
 from swarmnode.config import SAPO_TASKS, TasksConfig, TaskSpec
+from swarmnode.errors import TaskError
+from swarmnode.prompts import DEFAULT_SYSTEM_PROMPT, prompt_messages
 from swarmnode.rollouts import TaskRef
-from swarmnode.tasks import (
-    DEFAULT_SYSTEM_PROMPT,
-    Question,
-    TaskBank,
-    TaskError,
-    extract_answer,
-    prompt_messages,
-)
+from swarmnode.tasks import Question, TaskBank, extract_answer
 
 ADDITION = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
 

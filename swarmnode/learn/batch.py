@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmnode.grpo import group_advantages
+from swarmnode.learn.grpo import group_advantages
+from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.tasks import prompt_messages
 
 
 @dataclass(frozen=True)
@@ -30,15 +30,6 @@ class TrainSequence:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
-
-
-def encode_prompt(tokenizer, question: str, system_prompt: str | None = None) -> list[int]:
-    """Chat-templated prompt ids ending with the assistant turn's opening."""
-    messages = prompt_messages(question, system_prompt)
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(ids, "input_ids"):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return list(ids)
 
 
 def to_sequences(

@@ -45,7 +45,7 @@ from typing import Literal
 
 import torch
 
-from swarmnode.grpo import LossTerms, k3_kl, policy_loss
+from swarmnode.learn.grpo import LossTerms, k3_kl, policy_loss
 
 Mode = Literal["none", "tis", "icepop", "remix", "luffy"]
 MODES: tuple[Mode, ...] = ("none", "tis", "icepop", "remix", "luffy")

@@ -7,19 +7,19 @@ import random
 import pytest
 import torch
 
-from swarmnode.batching import (
+from swarmnode.config import ModelConfig, TinyModelConfig
+from swarmnode.learn.batch import (
     TrainSequence,
     completion_logprobs,
-    encode_prompt,
     head_logprobs,
     microbatches,
     pad_batch,
     to_sequences,
 )
-from swarmnode.config import ModelConfig, TinyModelConfig
+from swarmnode.learn.precision import autocast_dtype
 from swarmnode.policy import Policy, load_policy
+from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.trainer import autocast_dtype
 
 CPU = torch.device("cpu")
 

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from swarmnode.batching import PaddedBatch, TrainSequence, completion_logprobs, microbatches, pad_batch
 from swarmnode.config import OffPolicyConfig, TrainConfig
-from swarmnode.grpo import kl_penalty
-from swarmnode.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
-from swarmnode.policy import bf16_native
+from swarmnode.learn.batch import PaddedBatch, TrainSequence, completion_logprobs, microbatches, pad_batch
+from swarmnode.learn.grpo import kl_penalty
+from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
+from swarmnode.learn.precision import autocast_dtype
 
 
 @dataclass
@@ -46,18 +46,6 @@ class StepStats:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-def autocast_dtype(mode: str, device: torch.device, param_dtype: torch.dtype) -> torch.dtype | None:
-    """The learner's forward-pass autocast dtype (None = none): bf16 over fp32 weights keeps the small RL
-    updates in fp32 master weights while the matmuls run in bf16. ``auto`` turns it on for CUDA only:
-    on CPUs with native bf16 it is available (``bfloat16``) but not yet measured faster, and it makes
-    on-policy importance ratios differ from 1 by bf16 rounding."""
-    if mode == "off" or param_dtype != torch.float32:
-        return None
-    if mode == "auto" and not (device.type == "cuda" and bf16_native(device)):
-        return None
-    return torch.bfloat16
 
 
 def source_of(seq: TrainSequence) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+HELPERS = Path(__file__).resolve().parent
 JOIN_HINT = "swarmnode join --peers "
 
 
@@ -219,3 +220,49 @@ def start_hostile(attack: str, work_dir: Path, swarm_id: str, honest_addr: str) 
             start_new_session=True,  # its own process group, so cleanup can reach its DHT process and p2pd
         )
     return HostileProc(attack, proc, log_path, LineReader(proc.stdout))
+
+
+def stop_all(nodes: list[NodeProc], timeout_s: float = 30.0) -> None:
+    """SIGINT every node still running (they shut down in parallel), then SIGKILL the stragglers."""
+    for node in nodes:
+        if node.proc.poll() is None:
+            try:
+                os.kill(node.proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except Exception:
+            node.kill()  # SIGKILL by PID; its DHT process and p2pd exit when they see it gone
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file up to the first torn line (a killed writer); [] if missing."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
+def wait_all(nodes: list[NodeProc], limit: float) -> bool:
+    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running."""
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            return True
+    return False
+
+
+def record_exit(info: dict, nodes: list[NodeProc], t0: float) -> None:
+    """Exit codes, wall time since the monotonic ``t0`` and the load, into a run's ``info``."""
+    info["exit_codes"] = [node.proc.returncode for node in nodes]
+    info["wall_s"] = round(time.monotonic() - t0, 1)
+    info["load_after"] = os.getloadavg()

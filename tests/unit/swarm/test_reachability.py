@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarmnode.reachability import MAX_PORTS, encode_request, observed_ip, tcp_ports, verdict
+from swarmnode.swarm.reachability import MAX_PORTS, encode_request, observed_ip, tcp_ports, verdict
 
 
 def test_request_is_a_count_then_big_endian_ports():

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from swarmnode.grpo import policy_loss
-from swarmnode.offpolicy import (
+from swarmnode.learn.grpo import policy_loss
+from swarmnode.learn.offpolicy import (
     MODES,
     corrected_loss,
     correction_for,

@@ -47,10 +47,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from swarmnode import reachability
 from swarmnode.config import SwarmConfig
+from swarmnode.errors import TransportError
 from swarmnode.identity import Identity, public_key_from_peer_id
-from swarmnode.protocol import (
+from swarmnode.swarm import reachability
+from swarmnode.swarm.protocol import (
     FRAME_HEADER_BYTES,
     MAX_FRAME_BYTES,
     MAX_RECORD_BYTES,
@@ -83,14 +84,6 @@ _CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0
 
 _WRITE_CHUNK = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
 _PARENT_CHECK_PERIOD_S = 1.0
-
-
-class TransportError(Exception):
-    """A transport operation failed; ``reason`` is a short snake_case label (see TRANSPORT_ERROR_REASONS)."""
-
-    def __init__(self, reason: str, message: str = ""):
-        self.reason = reason
-        super().__init__(f"{reason}: {message}" if message else reason)
 
 
 class Transport:

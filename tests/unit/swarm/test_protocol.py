@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarmnode import protocol as P
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
+from swarmnode.swarm import protocol
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
 VECTOR_FILES = sorted(VECTOR_DIR.glob("*.json"))
 SWARM = "unit-swarm"
@@ -34,7 +34,7 @@ def load_make_vectors():
     return module
 
 
-def card(**changes) -> P.RosterCard:
+def card(**changes) -> protocol.RosterCard:
     fields = dict(
         peer_id=ME.peer_id,
         swarm_id=SWARM,
@@ -46,17 +46,17 @@ def card(**changes) -> P.RosterCard:
         timestamp=1767225600.5,
         seq=9,
     )
-    return P.RosterCard(**{**fields, **changes})
+    return protocol.RosterCard(**{**fields, **changes})
 
 
 def batch(
     n_groups: int = 2, n_completions: int = 3, text: str = "<answer>4</answer>", **changes
-) -> P.RolloutBatch:
+) -> protocol.RolloutBatch:
     groups = tuple(
-        P.WireGroup(
-            task=P.WireTask("basic_arithmetic", {"min_terms": 2, "ops": ["+"]}, seed=7, index=i),
+        protocol.WireGroup(
+            task=protocol.WireTask("basic_arithmetic", {"min_terms": 2, "ops": ["+"]}, seed=7, index=i),
             completions=tuple(
-                P.WireCompletion(text=text, n_tokens=2, logprobs=(-0.25, -1.5), token_ids=(5, 9))
+                protocol.WireCompletion(text=text, n_tokens=2, logprobs=(-0.25, -1.5), token_ids=(5, 9))
                 for _ in range(n_completions)
             ),
             claimed_rewards=tuple(float(j % 2) for j in range(n_completions)),
@@ -74,14 +74,14 @@ def batch(
         seq=10,
         groups=groups,
     )
-    return P.RolloutBatch(**{**fields, **changes})
+    return protocol.RolloutBatch(**{**fields, **changes})
 
 
 def reject_reason(data: bytes, **kwargs) -> str:
     kwargs.setdefault("swarm_id", SWARM)
-    with pytest.raises(P.ProtocolError) as info:
-        P.decode_message(data, **kwargs)
-    assert info.value.reason in P.REJECT_REASONS
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.decode_message(data, **kwargs)
+    assert info.value.reason in protocol.REJECT_REASONS
     return info.value.reason
 
 
@@ -91,7 +91,7 @@ def reject_reason(data: bytes, **kwargs) -> str:
 def test_vectors_exist_and_cover_every_decoder_reason():
     assert len(VECTOR_FILES) >= 30
     verdicts = {json.loads(p.read_text())["verdict"] for p in VECTOR_FILES}
-    decoder_reasons = set(P.REJECT_REASONS) - {"stale", "replay", "hash_mismatch"}
+    decoder_reasons = set(protocol.REJECT_REASONS) - {"stale", "replay", "hash_mismatch"}
     assert decoder_reasons <= verdicts, decoder_reasons - verdicts  # every decoder reason has a vector
     assert "accept" in verdicts
 
@@ -103,21 +103,21 @@ def test_vector(path):
     data = bytes.fromhex(v["hex"])
     if v["kind"] == "frame_header":
         if v["verdict"] == "accept":
-            assert P.parse_frame_header(data) == v["length"]
-            assert P.encode_frame_header(v["length"]) == data
+            assert protocol.parse_frame_header(data) == v["length"]
+            assert protocol.encode_frame_header(v["length"]) == data
         else:
-            with pytest.raises(P.ProtocolError) as info:
-                P.parse_frame_header(data)
+            with pytest.raises(protocol.ProtocolError) as info:
+                protocol.parse_frame_header(data)
             assert info.value.reason == v["verdict"]
         return
     kwargs = dict(swarm_id=v["swarm_id"], expected_type=v["type"], expected_peer_id=v["expected_peer_id"])
     if v["verdict"] != "accept":
         assert reject_reason(data, **kwargs) == v["verdict"]
         return
-    msg, sender = P.decode_message(data, **kwargs)
+    msg, sender = protocol.decode_message(data, **kwargs)
     assert sender == v["sender_peer_id"] == msg.peer_id
     signer = Identity.from_seed(bytes.fromhex(v["signer_seed"]))
-    assert P.encode_message(signer, v["swarm_id"], msg) == data  # canonical: byte for byte
+    assert protocol.encode_message(signer, v["swarm_id"], msg) == data  # canonical: byte for byte
     assert load_make_vectors().body_json(msg.to_body()) == v["body"]
 
 
@@ -144,37 +144,41 @@ def test_make_vectors_regenerates_the_committed_files():
     ids=["card", "card_edge", "batch", "batch_min"],
 )
 def test_encode_decode_roundtrip(msg):
-    data = P.encode_message(ME, SWARM, msg)
-    decoded, sender = P.decode_message(
+    data = protocol.encode_message(ME, SWARM, msg)
+    decoded, sender = protocol.decode_message(
         data, swarm_id=SWARM, expected_type=msg.TYPE, expected_peer_id=ME.peer_id
     )
     assert sender == ME.peer_id
     assert decoded == msg
-    assert P.encode_message(ME, SWARM, decoded) == data
+    assert protocol.encode_message(ME, SWARM, decoded) == data
 
 
 def test_announcement_and_payload_check():
     b = batch()
-    data = P.encode_message(ME, SWARM, b)
-    ann = P.announcement_for(b, data, timestamp=b.timestamp, seq=11)
-    ann_bytes = P.encode_message(ME, SWARM, ann)
-    assert len(ann_bytes) <= P.MAX_RECORD_BYTES
-    decoded_ann, _ = P.decode_message(ann_bytes, swarm_id=SWARM, expected_type=P.BATCH_ANNOUNCEMENT)
-    assert P.check_payload(decoded_ann, data, swarm_id=SWARM) == b
-    with pytest.raises(P.ProtocolError, match="hash_mismatch"):
-        P.check_payload(decoded_ann, data[:-1] + bytes([data[-1] ^ 1]), swarm_id=SWARM)
+    data = protocol.encode_message(ME, SWARM, b)
+    ann = protocol.announcement_for(b, data, timestamp=b.timestamp, seq=11)
+    ann_bytes = protocol.encode_message(ME, SWARM, ann)
+    assert len(ann_bytes) <= protocol.MAX_RECORD_BYTES
+    decoded_ann, _ = protocol.decode_message(
+        ann_bytes, swarm_id=SWARM, expected_type=protocol.BATCH_ANNOUNCEMENT
+    )
+    assert protocol.check_payload(decoded_ann, data, swarm_id=SWARM) == b
+    with pytest.raises(protocol.ProtocolError, match="hash_mismatch"):
+        protocol.check_payload(decoded_ann, data[:-1] + bytes([data[-1] ^ 1]), swarm_id=SWARM)
     # a correctly hashed payload that disagrees with its own announcement
     other = replace(b, round=6)
-    other_bytes = P.encode_message(ME, SWARM, other)
-    lying = replace(decoded_ann, payload_sha256=P.payload_digest(other_bytes), payload_len=len(other_bytes))
-    with pytest.raises(P.ProtocolError) as info:
-        P.check_payload(lying, other_bytes, swarm_id=SWARM)
+    other_bytes = protocol.encode_message(ME, SWARM, other)
+    lying = replace(
+        decoded_ann, payload_sha256=protocol.payload_digest(other_bytes), payload_len=len(other_bytes)
+    )
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.check_payload(lying, other_bytes, swarm_id=SWARM)
     assert info.value.reason == "bad_field"
     # a payload signed by someone else than the announcer
-    theirs = P.encode_message(OTHER, SWARM, replace(b, peer_id=OTHER.peer_id))
-    forwarded = replace(decoded_ann, payload_sha256=P.payload_digest(theirs), payload_len=len(theirs))
-    with pytest.raises(P.ProtocolError) as info:
-        P.check_payload(forwarded, theirs, swarm_id=SWARM)
+    theirs = protocol.encode_message(OTHER, SWARM, replace(b, peer_id=OTHER.peer_id))
+    forwarded = replace(decoded_ann, payload_sha256=protocol.payload_digest(theirs), payload_len=len(theirs))
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.check_payload(forwarded, theirs, swarm_id=SWARM)
     assert info.value.reason == "wrong_sender"
 
 
@@ -197,7 +201,7 @@ def test_conversions_from_and_to_rollout_types():
         format_ok=(True, False),
         provenance=Provenance(source="local", producer=ME.peer_id, policy_version=3, round=5),
     )
-    b = P.make_rollout_batch(
+    b = protocol.make_rollout_batch(
         [group],
         peer_id=ME.peer_id,
         swarm_id=SWARM,
@@ -208,11 +212,11 @@ def test_conversions_from_and_to_rollout_types():
         timestamp=1767225600,
         seq=1,
     )
-    data = P.encode_message(ME, SWARM, b)
+    data = protocol.encode_message(ME, SWARM, b)
     assert b"What is 5 + 7?" not in data  # no question text on the wire
-    decoded, _ = P.decode_message(data, swarm_id=SWARM)
+    decoded, _ = protocol.decode_message(data, swarm_id=SWARM)
     assert decoded == b  # logprobs were rounded to float32 when the batch was made
-    [received] = P.received_groups(decoded)
+    [received] = protocol.received_groups(decoded)
     assert received.ref == ref and received.ref.key() == ref.key()
     assert received.claimed_rewards == (1.0, 0.0)  # task scores, not the format-shaped rewards
     assert received.claimed_rewards == (1.0, 0.0)
@@ -231,7 +235,7 @@ def test_conversions_from_and_to_rollout_types():
     )  # float32 on the wire
     assert second.token_ids == (4, 5) and second.logprobs is None and not second.finished
     # without log-probs
-    b2 = P.make_rollout_batch(
+    b2 = protocol.make_rollout_batch(
         [group],
         peer_id=ME.peer_id,
         swarm_id=SWARM,
@@ -250,49 +254,53 @@ def test_conversions_from_and_to_rollout_types():
 
 
 def test_encoder_refuses_what_peers_would_reject():
-    with pytest.raises(P.ProtocolError) as info:
-        P.encode_message(ME, SWARM, batch(n_groups=P.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.encode_message(ME, SWARM, batch(n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
     assert info.value.reason == "over_limit"
-    with pytest.raises(P.ProtocolError) as info:
-        P.encode_message(ME, SWARM, batch(n_groups=1, text="x" * (P.MAX_COMPLETION_TEXT_BYTES + 1)))
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.encode_message(
+            ME, SWARM, batch(n_groups=1, text="x" * (protocol.MAX_COMPLETION_TEXT_BYTES + 1))
+        )
     assert info.value.reason == "over_limit"
-    with pytest.raises(P.ProtocolError) as info:  # every field within limits, the whole over 4 MiB
-        P.encode_message(
-            ME, SWARM, batch(n_groups=6, n_completions=64, text="y" * P.MAX_COMPLETION_TEXT_BYTES)
+    with pytest.raises(protocol.ProtocolError) as info:  # every field within limits, the whole over 4 MiB
+        protocol.encode_message(
+            ME, SWARM, batch(n_groups=6, n_completions=64, text="y" * protocol.MAX_COMPLETION_TEXT_BYTES)
         )
     assert info.value.reason == "oversize"
-    with pytest.raises(P.ProtocolError) as info:
-        P.encode_message(ME, SWARM, card(addrs=("not-a-multiaddr",)))
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.encode_message(ME, SWARM, card(addrs=("not-a-multiaddr",)))
     assert info.value.reason == "bad_field"
-    with pytest.raises(P.ProtocolError) as info:
-        P.encode_message(ME, SWARM, card(timestamp=math.inf))
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.encode_message(ME, SWARM, card(timestamp=math.inf))
     assert info.value.reason == "bad_field"
     with pytest.raises(ValueError):
-        P.encode_message(ME, SWARM, card(peer_id=OTHER.peer_id))
+        protocol.encode_message(ME, SWARM, card(peer_id=OTHER.peer_id))
     with pytest.raises(ValueError):
-        P.encode_message(ME, "another-swarm", card())
+        protocol.encode_message(ME, "another-swarm", card())
 
 
 def test_largest_legal_roster_card_fits_a_dht_record():
     big = card(
         peer_id=ME.peer_id,
-        model_name="m" * P.MAX_NAME_BYTES,
-        tokenizer_fingerprint="f" * P.MAX_FINGERPRINT_CHARS,
-        addrs=tuple("/" + "a" * (P.MAX_ADDR_BYTES - 1) for _ in range(P.MAX_ADDRS)),
-        swarm_id="s" * P.MAX_SWARM_ID_BYTES,
+        model_name="m" * protocol.MAX_NAME_BYTES,
+        tokenizer_fingerprint="f" * protocol.MAX_FINGERPRINT_CHARS,
+        addrs=tuple("/" + "a" * (protocol.MAX_ADDR_BYTES - 1) for _ in range(protocol.MAX_ADDRS)),
+        swarm_id="s" * protocol.MAX_SWARM_ID_BYTES,
         policy_version=2**63 - 1,
         round=2**63 - 1,
         seq=2**63 - 1,
     )
-    assert len(P.encode_message(ME, "s" * P.MAX_SWARM_ID_BYTES, big)) <= P.MAX_RECORD_BYTES
+    assert (
+        len(protocol.encode_message(ME, "s" * protocol.MAX_SWARM_ID_BYTES, big)) <= protocol.MAX_RECORD_BYTES
+    )
 
 
-def signed(body: dict, msg_type: str = P.ROSTER_CARD, identity: Identity = ME) -> bytes:
+def signed(body: dict, msg_type: str = protocol.ROSTER_CARD, identity: Identity = ME) -> bytes:
     """Sign any body, valid or not, as its peer would."""
-    body_bytes = P.canonical_packb(body)
+    body_bytes = protocol.canonical_packb(body)
     swarm = body["swarm_id"] if isinstance(body.get("swarm_id"), str) else SWARM
-    sig = identity.sign(P.signing_bytes(msg_type, swarm, body_bytes))
-    return P.pack_envelope(msg_type, body_bytes, identity.public_key, sig)
+    sig = identity.sign(protocol.signing_bytes(msg_type, swarm, body_bytes))
+    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, sig)
 
 
 @pytest.mark.parametrize(
@@ -306,10 +314,10 @@ def signed(body: dict, msg_type: str = P.ROSTER_CARD, identity: Identity = ME) -
         ("timestamp", -1.0, "bad_field"),
         ("model_name", "", "bad_field"),
         ("model_name", "a\nb", "bad_field"),
-        ("model_name", "m" * (P.MAX_NAME_BYTES + 1), "over_limit"),
+        ("model_name", "m" * (protocol.MAX_NAME_BYTES + 1), "over_limit"),
         ("tokenizer_fingerprint", "ABCD", "bad_field"),
         ("addrs", "/ip4/1.2.3.4", "bad_field"),
-        ("addrs", ["/x"] * (P.MAX_ADDRS + 1), "over_limit"),
+        ("addrs", ["/x"] * (protocol.MAX_ADDRS + 1), "over_limit"),
         ("addrs", ["/has space"], "bad_field"),
         ("protocol_version", 0, "bad_field"),
         ("swarm_id", 5, "bad_field"),
@@ -330,7 +338,9 @@ def test_roster_field_checks(field, value, reason):
         (lambda b: b["groups"][0]["claimed_rewards"].pop(), "bad_field"),
         (lambda b: b["groups"][0]["claimed_rewards"].__setitem__(0, 1), "bad_field"),
         (
-            lambda b: b["groups"][0]["completions"][0].__setitem__("n_tokens", P.MAX_COMPLETION_TOKENS + 1),
+            lambda b: b["groups"][0]["completions"][0].__setitem__(
+                "n_tokens", protocol.MAX_COMPLETION_TOKENS + 1
+            ),
             "over_limit",
         ),
         (
@@ -347,7 +357,9 @@ def test_roster_field_checks(field, value, reason):
         (lambda b: b["groups"][0]["task"]["config"].__setitem__("blob", b"\x00"), "bad_field"),
         (lambda b: b["groups"][0]["task"]["config"].__setitem__("x", [[[["deep"]]]]), "over_limit"),
         (
-            lambda b: b["groups"][0]["task"]["config"].__setitem__("x", list(range(P.MAX_CONFIG_LIST + 1))),
+            lambda b: b["groups"][0]["task"]["config"].__setitem__(
+                "x", list(range(protocol.MAX_CONFIG_LIST + 1))
+            ),
             "over_limit",
         ),
         (lambda b: b["groups"][0]["task"]["config"].__setitem__("x", math.inf), "bad_field"),
@@ -357,17 +369,17 @@ def test_roster_field_checks(field, value, reason):
 def test_batch_field_checks(mutate, reason):
     body = batch().to_body()
     mutate(body)
-    assert reject_reason(signed(body, P.ROLLOUT_BATCH)) == reason
+    assert reject_reason(signed(body, protocol.ROLLOUT_BATCH)) == reason
 
 
 def test_decoder_hard_limits_are_malformed():
     deep: list = []
-    for _ in range(P.MAX_NESTING + 2):
+    for _ in range(protocol.MAX_NESTING + 2):
         deep = [deep]
     body = card(extra={"deep": deep}).to_body()
-    env = {"b": body, "k": ME.public_key, "s": bytes(64), "t": P.ROSTER_CARD, "v": 1}
+    env = {"b": body, "k": ME.public_key, "s": bytes(64), "t": protocol.ROSTER_CARD, "v": 1}
     assert reject_reason(msgpack.packb(env, use_bin_type=True)) == "malformed"
-    nested = msgpack.packb({"v": 1, "b": [[]] * (P.UNPACK_MAX_ARRAY_LEN + 1)})
+    nested = msgpack.packb({"v": 1, "b": [[]] * (protocol.UNPACK_MAX_ARRAY_LEN + 1)})
     assert reject_reason(nested) == "malformed"
     many = msgpack.packb({"v": 1, "x": [[[]] * 1000] * 17})  # 17 001 containers
     assert reject_reason(many) == "malformed"
@@ -377,52 +389,58 @@ def test_decoder_hard_limits_are_malformed():
 
 
 def test_stream_framing():
-    assert P.encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
-    assert P.parse_frame_header(b"\x00\x00\x00\x03") == 3
-    assert P.parse_frame_header(P.encode_frame_header(P.MAX_FRAME_BYTES)) == P.MAX_FRAME_BYTES
-    with pytest.raises(P.ProtocolError, match="oversize"):
-        P.encode_frame(b"x" * (P.MAX_FRAME_BYTES + 1))
-    with pytest.raises(P.ProtocolError, match="oversize"):
-        P.parse_frame_header(b"\xff\xff\xff\xff")
-    with pytest.raises(P.ProtocolError, match="oversize"):
-        P.parse_frame_header(b"\x00\x00\x01\x00", max_bytes=255)
-    digest = P.payload_digest(b"payload")
-    assert P.parse_pull_request(P.encode_pull_request(digest)) == digest
-    with pytest.raises(P.ProtocolError, match="malformed"):
-        P.parse_pull_request(digest[:31])
+    assert protocol.encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert protocol.parse_frame_header(b"\x00\x00\x00\x03") == 3
+    assert (
+        protocol.parse_frame_header(protocol.encode_frame_header(protocol.MAX_FRAME_BYTES))
+        == protocol.MAX_FRAME_BYTES
+    )
+    with pytest.raises(protocol.ProtocolError, match="oversize"):
+        protocol.encode_frame(b"x" * (protocol.MAX_FRAME_BYTES + 1))
+    with pytest.raises(protocol.ProtocolError, match="oversize"):
+        protocol.parse_frame_header(b"\xff\xff\xff\xff")
+    with pytest.raises(protocol.ProtocolError, match="oversize"):
+        protocol.parse_frame_header(b"\x00\x00\x01\x00", max_bytes=255)
+    digest = protocol.payload_digest(b"payload")
+    assert protocol.parse_pull_request(protocol.encode_pull_request(digest)) == digest
+    with pytest.raises(protocol.ProtocolError, match="malformed"):
+        protocol.parse_pull_request(digest[:31])
 
 
 def test_dht_layout_and_freshness():
-    assert P.roster_key("demo-1") == "swarmnode/demo-1/roster"
-    assert P.announce_key("demo-1") == "swarmnode/demo-1/announce"
-    assert P.roster_ttl_s(10.0) == 20.0 and P.announce_ttl_s(30.0) == 90.0
+    assert protocol.roster_key("demo-1") == "swarmnode/demo-1/roster"
+    assert protocol.announce_key("demo-1") == "swarmnode/demo-1/announce"
+    assert protocol.roster_ttl_s(10.0) == 20.0 and protocol.announce_ttl_s(30.0) == 90.0
     for bad in ("", "has/slash", "-dash-first", "x" * 65, "spa ce"):
         with pytest.raises(ValueError, match="swarm id"):
-            P.roster_key(bad)
+            protocol.roster_key(bad)
     with pytest.raises(ValueError, match="swarm id"):
-        P.announce_key("has/slash")
-    P.check_fresh(100.0, now=129.0)
-    P.check_fresh(100.0, now=71.0)
+        protocol.announce_key("has/slash")
+    protocol.check_fresh(100.0, now=129.0)
+    protocol.check_fresh(100.0, now=71.0)
     for ts in (131.0, 69.0, math.nan, math.inf):
-        with pytest.raises(P.ProtocolError, match="stale"):
-            P.check_fresh(ts, now=100.0)
-    P.check_fresh(100.0, now=100.0 + 60.0 + 30.0, max_age=60.0)  # a DHT record up to its TTL old
-    with pytest.raises(P.ProtocolError, match="stale"):
-        P.check_fresh(100.0, now=100.0 + 60.0 + 31.0, max_age=60.0)
-    with pytest.raises(P.ProtocolError, match="stale"):
-        P.check_fresh(131.0, now=100.0, max_age=60.0)  # the future bound does not move
+        with pytest.raises(protocol.ProtocolError, match="stale"):
+            protocol.check_fresh(ts, now=100.0)
+    protocol.check_fresh(100.0, now=100.0 + 60.0 + 30.0, max_age=60.0)  # a DHT record up to its TTL old
+    with pytest.raises(protocol.ProtocolError, match="stale"):
+        protocol.check_fresh(100.0, now=100.0 + 60.0 + 31.0, max_age=60.0)
+    with pytest.raises(protocol.ProtocolError, match="stale"):
+        protocol.check_fresh(131.0, now=100.0, max_age=60.0)  # the future bound does not move
 
 
 def test_protocol_error_reasons_are_metric_labels():
-    assert len(set(P.REJECT_REASONS)) == len(P.REJECT_REASONS)
-    assert all(r.replace("_", "").isalpha() and r == r.lower() for r in P.REJECT_REASONS)
+    assert len(set(protocol.REJECT_REASONS)) == len(protocol.REJECT_REASONS)
+    assert all(r.replace("_", "").isalpha() and r == r.lower() for r in protocol.REJECT_REASONS)
     with pytest.raises(ValueError):
-        P.ProtocolError("not_a_reason")
+        protocol.ProtocolError("not_a_reason")
 
 
 # --- hostile input (hypothesis) ----------------------------------------------------------------------
 
-VALID = [P.encode_message(ME, SWARM, card()), P.encode_message(ME, SWARM, batch(n_groups=1, n_completions=2))]
+VALID = [
+    protocol.encode_message(ME, SWARM, card()),
+    protocol.encode_message(ME, SWARM, batch(n_groups=1, n_completions=2)),
+]
 
 msgpack_values = st.recursive(
     st.none()
@@ -440,9 +458,9 @@ msgpack_values = st.recursive(
 
 def decode_or_reason(data: bytes) -> str:
     try:
-        P.decode_message(data, swarm_id=SWARM)
-    except P.ProtocolError as e:
-        assert e.reason in P.REJECT_REASONS
+        protocol.decode_message(data, swarm_id=SWARM)
+    except protocol.ProtocolError as e:
+        assert e.reason in protocol.REJECT_REASONS
         return e.reason
     return "accept"
 
@@ -454,7 +472,7 @@ def test_arbitrary_bytes_only_raise_protocol_error(data):
 
 
 @FAST
-@given(msgpack_values, st.sampled_from([*P.MESSAGE_TYPES, "x"]), st.binary(min_size=32, max_size=32))
+@given(msgpack_values, st.sampled_from([*protocol.MESSAGE_TYPES, "x"]), st.binary(min_size=32, max_size=32))
 def test_arbitrary_envelopes_only_raise_protocol_error(body, msg_type, key):
     env = {"v": 1, "t": msg_type, "b": body, "k": key, "s": bytes(64)}
     assert decode_or_reason(msgpack.packb(env, use_bin_type=True)) != "accept"
@@ -496,7 +514,7 @@ cards = st.builds(
     ).map(lambda xs: tuple("/" + x for x in xs)),
 )
 completions = st.builds(
-    lambda text, n, lp, finished: P.WireCompletion(
+    lambda text, n, lp, finished: protocol.WireCompletion(
         text=text,
         n_tokens=n,
         finished=finished,
@@ -511,8 +529,8 @@ completions = st.builds(
     st.booleans(),
 )
 groups = st.builds(
-    lambda task_config, comps, rewards: P.WireGroup(
-        task=P.WireTask("basic_arithmetic", task_config, seed=1, index=2),
+    lambda task_config, comps, rewards: protocol.WireGroup(
+        task=protocol.WireTask("basic_arithmetic", task_config, seed=1, index=2),
         completions=tuple(comps),
         claimed_rewards=tuple(rewards[: len(comps)]) + (0.0,) * (len(comps) - len(rewards)),
     ),
@@ -534,7 +552,7 @@ groups = st.builds(
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(cards, st.lists(groups, min_size=1, max_size=3).map(lambda gs: batch(groups=tuple(gs)))))
 def test_valid_messages_roundtrip_byte_for_byte(msg):
-    data = P.encode_message(ME, SWARM, msg)
-    decoded, sender = P.decode_message(data, swarm_id=SWARM, expected_type=msg.TYPE)
+    data = protocol.encode_message(ME, SWARM, msg)
+    decoded, sender = protocol.decode_message(data, swarm_id=SWARM, expected_type=msg.TYPE)
     assert decoded == msg and sender == ME.peer_id
-    assert P.encode_message(ME, SWARM, decoded) == data
+    assert protocol.encode_message(ME, SWARM, decoded) == data

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 
-from swarmnode.config import ConfigError
-from swarmnode.peers import PeerBook
-from swarmnode.protocol import (
+from swarmnode.common import BoundedSet
+from swarmnode.errors import ConfigError, TaskError
+from swarmnode.rollouts import RolloutGroup, TaskRef
+from swarmnode.swarm.peers import PeerBook
+from swarmnode.swarm.protocol import (
     BATCH_ANNOUNCEMENT,
     REJECT_REASONS,
     ROLLOUT_BATCH,
@@ -59,8 +61,7 @@ from swarmnode.protocol import (
     payload_digest,
     task_from_wire,
 )
-from swarmnode.rollouts import RolloutGroup, TaskRef
-from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank, TaskError
+from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ class Verifier:
         self.rejections: Counter[str] = Counter()
         self.accepted_groups = 0
         self.accepted_batches = 0
-        self._accepted: OrderedDict[bytes, None] = OrderedDict()
-        self._rejected_records: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._accepted: BoundedSet[bytes] = BoundedSet(_ACCEPTED_DIGESTS)
+        self._rejected_records: BoundedSet[tuple[str, bytes]] = BoundedSet(_REJECTED_RECORDS)
         self._internal_errors_logged = False
 
     # --- DHT records -----------------------------------------------------------------------------
@@ -162,9 +163,7 @@ class Verifier:
         except (ProtocolError, _Rejected) as e:
             self._count(e.reason, subkey_peer, e.detail)
             if seen is not None and e.reason not in _RECHECKED:
-                self._rejected_records[seen] = None
-                while len(self._rejected_records) > _REJECTED_RECORDS:
-                    self._rejected_records.popitem(last=False)
+                self._rejected_records.add(seen)
         except Exception:  # noqa: BLE001 - the network edge answers, it does not crash
             self._internal_error(subkey_peer)
         return None
@@ -196,7 +195,7 @@ class Verifier:
         except Exception:  # noqa: BLE001 - peer data must never crash the node
             self._internal_error(stream_peer)
             return []
-        self._remember(announcement.payload_sha256)
+        self._accepted.add(bytes(announcement.payload_sha256))
         self.accepted_batches += 1
         self.accepted_groups += len(groups)
         self.book.reward(stream_peer, len(groups))
@@ -281,11 +280,6 @@ class Verifier:
             )
         else:
             log.debug("internal error while verifying data from %s", peer, exc_info=True)
-
-    def _remember(self, digest: bytes) -> None:
-        self._accepted[bytes(digest)] = None
-        while len(self._accepted) > _ACCEPTED_DIGESTS:
-            self._accepted.popitem(last=False)
 
     def snapshot(self) -> dict:
         """Counters for status and metrics."""

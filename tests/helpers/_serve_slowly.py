@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from swarmnode.config import SwarmConfig
-from swarmnode.protocol import encode_frame_header
-from swarmnode.transport import Transport
+from swarmnode.swarm.protocol import encode_frame_header
+from swarmnode.swarm.transport import Transport
 
 SLOW_DIGEST = b"\x51" * 32
 SLOW_BYTES = 4 * 1024 * 1024

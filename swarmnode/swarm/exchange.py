@@ -27,19 +27,20 @@ import hashlib
 import json
 import os
 import random
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmnode import protocol as P
+from swarmnode.common import BoundedSet, atomic_write, log
 from swarmnode.config import NodeConfig
-from swarmnode.peers import PeerBook
+from swarmnode.errors import TransportError
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.transport import Transport, TransportError
-from swarmnode.verify import Verifier
+from swarmnode.swarm import protocol
+from swarmnode.swarm.peers import PeerBook
+from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.verify import Verifier
 
 POLL_INTERVAL_S = 0.5
 MAX_POOL_GROUPS = 512
@@ -63,18 +64,6 @@ def texts_digest(group: RolloutGroup) -> str:
 def group_digest(group: RolloutGroup) -> str:
     """Identity of a group's content: its task and its completion texts, whoever sent it."""
     return hashlib.sha256(f"{group.ref.key()}\n{texts_digest(group)}".encode()).hexdigest()
-
-
-def remember(seen: dict, key, cap: int) -> None:
-    """Add ``key`` to an insertion-ordered set (a dict), forgetting the oldest keys beyond ``cap``:
-    everything a node remembers about what peers sent stays bounded however long it runs."""
-    seen[key] = None
-    while len(seen) > cap:
-        del seen[next(iter(seen))]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -130,7 +119,7 @@ class Swarm:
         on_status: Callable[[dict], None] | None = None,
     ):
         self.cfg = cfg
-        self.swarm_id = P.validate_swarm_id(cfg.swarm.swarm_id)
+        self.swarm_id = protocol.validate_swarm_id(cfg.swarm.swarm_id)
         self.identity = identity
         self.policy = policy
         self.run_dir = run_dir
@@ -140,12 +129,16 @@ class Swarm:
         self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s)
         self.counters = SwarmCounters()
         self.addrs: list[str] = []
-        self.roster: dict[str, P.RosterCard] = {}
-        self._ignored_peers: dict[str, None] = {}  # see remember()
-        self._pulled: dict[bytes, None] = {}  # payload digests already fetched (accepted or not)
-        self._deferred: dict[str, P.BatchAnnouncement] = {}  # verified and new, to pull at the next poll
+        self.roster: dict[str, protocol.RosterCard] = {}
+        self._ignored_peers: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
+        self._pulled: BoundedSet[bytes] = BoundedSet(
+            MAX_PULLED
+        )  # payload digests already fetched (accepted or not)
+        self._deferred: dict[
+            str, protocol.BatchAnnouncement
+        ] = {}  # verified and new, to pull at the next poll
         self._fetch_attempts: Counter[bytes] = Counter()
-        self._seen_groups: dict[str, None] = {}  # insertion-ordered set of group_digest()s
+        self._seen_groups: BoundedSet[str] = BoundedSet(MAX_SEEN_GROUPS)  # group_digest()s
         self._pool: list[PooledGroup] = []
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
@@ -195,31 +188,31 @@ class Swarm:
         return None if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
 
     def publish_roster(self, round_: int, policy_version: int, deadline: float | None = None) -> None:
-        card = P.RosterCard(
+        card = protocol.RosterCard(
             peer_id=self.identity.peer_id,
             swarm_id=self.swarm_id,
             model_name=self.policy.name,
             tokenizer_fingerprint=self.policy.tokenizer_fingerprint,
             policy_version=policy_version,
             round=round_,
-            addrs=tuple(self.addrs[: P.MAX_ADDRS]),
+            addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
             timestamp=time.time(),
             seq=self._next_seq(),
         )
-        record = P.encode_message(self.identity, self.swarm_id, card)
+        record = protocol.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(
-            P.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            protocol.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
 
     def publish(
         self, round_: int, policy_version: int, groups: list[RolloutGroup], deadline: float | None = None
     ) -> None:
-        groups = groups[: P.MAX_GROUPS_PER_BATCH]
+        groups = groups[: protocol.MAX_GROUPS_PER_BATCH]
         if not groups:
             return
         t_start = time.time()
-        batch = P.make_rollout_batch(
+        batch = protocol.make_rollout_batch(
             groups,
             peer_id=self.identity.peer_id,
             swarm_id=self.swarm_id,
@@ -231,12 +224,12 @@ class Swarm:
             seq=self._next_seq(),
             include_logprobs=self.cfg.swarm.share_logprobs,
         )
-        data = P.encode_message(self.identity, self.swarm_id, batch)
-        announcement = P.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
+        data = protocol.encode_message(self.identity, self.swarm_id, batch)
+        announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.offer(announcement.payload_sha256, data)
-        record = P.encode_message(self.identity, self.swarm_id, announcement)
+        record = protocol.encode_message(self.identity, self.swarm_id, announcement)
         stored = self.transport.put_record(
-            P.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            protocol.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
         self._trace(
@@ -251,22 +244,22 @@ class Swarm:
     def _live_peers(self, deadline: float | None = None) -> set[str]:
         """Compatible peers in the roster (foreign or incompatible ones are ignored with one line)."""
         live = set()
-        records = self.transport.get_records(P.roster_key(self.swarm_id), self._dht_wait(deadline))
+        records = self.transport.get_records(protocol.roster_key(self.swarm_id), self._dht_wait(deadline))
         for peer, record in records.items():
             if peer == self.identity.peer_id:
                 continue
             try:
-                card, _ = P.decode_message(
-                    record, swarm_id=self.swarm_id, expected_type=P.ROSTER_CARD, expected_peer_id=peer
+                card, _ = protocol.decode_message(
+                    record, swarm_id=self.swarm_id, expected_type=protocol.ROSTER_CARD, expected_peer_id=peer
                 )
-            except P.ProtocolError as exc:
+            except protocol.ProtocolError as exc:
                 if peer not in self._ignored_peers:
-                    remember(self._ignored_peers, peer, MAX_IGNORED_PEERS)
+                    self._ignored_peers.add(peer)
                     log(f"ignoring peer {peer[:16]}...: roster card rejected ({exc.reason})")
                 continue
-            if card.protocol_version != P.PROTOCOL_VERSION:
+            if card.protocol_version != protocol.PROTOCOL_VERSION:
                 if peer not in self._ignored_peers:
-                    remember(self._ignored_peers, peer, MAX_IGNORED_PEERS)
+                    self._ignored_peers.add(peer)
                     log(f"ignoring peer {peer[:16]}...: speaks protocol v{card.protocol_version}")
                 continue
             self.roster[peer] = card
@@ -296,7 +289,7 @@ class Swarm:
     def poll(self, round_: int, deadline: float) -> None:
         """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
         t_get = time.time()
-        records = self.transport.get_records(P.announce_key(self.swarm_id), self._dht_wait(deadline))
+        records = self.transport.get_records(protocol.announce_key(self.swarm_id), self._dht_wait(deadline))
         t_seen = time.time()
         for peer, record in records.items():
             if peer == self.identity.peer_id:
@@ -314,7 +307,7 @@ class Swarm:
             if remaining <= 0:
                 self._deferred[peer] = announcement
                 return
-            remember(self._pulled, announcement.payload_sha256, MAX_PULLED)
+            self._pulled.add(announcement.payload_sha256)
             trace = {
                 "peer": peer, "round": announcement.round, "our_round": round_,
                 "announced_ts": announcement.timestamp, "get_started": t_get, "seen": t_seen,
@@ -324,7 +317,7 @@ class Swarm:
                 data = self.transport.fetch(
                     peer,
                     announcement.payload_sha256,
-                    max_bytes=min(announcement.payload_len, P.MAX_FRAME_BYTES),
+                    max_bytes=min(announcement.payload_len, protocol.MAX_FRAME_BYTES),
                     timeout_s=remaining,
                 )
             except TransportError as exc:
@@ -344,7 +337,7 @@ class Swarm:
                 self._pool.extend(PooledGroup(g, round_) for g in groups)
         del self._pool[:-MAX_POOL_GROUPS]
 
-    def _after_failed_fetch(self, peer: str, announcement: P.BatchAnnouncement, reason: str) -> None:
+    def _after_failed_fetch(self, peer: str, announcement: protocol.BatchAnnouncement, reason: str) -> None:
         """Transient failures are retried at the next poll (bounded); an oversized frame is the
         authenticated sender's fault and costs it a strike."""
         digest = announcement.payload_sha256
@@ -352,7 +345,7 @@ class Swarm:
             self.book.strike(peer, "oversize")
         elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[digest] < MAX_FETCH_ATTEMPTS - 1:
             self._fetch_attempts[digest] += 1
-            self._pulled.pop(digest, None)
+            self._pulled.discard(digest)
             self._deferred[peer] = announcement
             return
         self._fetch_attempts.pop(digest, None)
@@ -367,7 +360,7 @@ class Swarm:
             if digest in self._seen_groups:
                 self.counters.duplicate_groups += 1
                 continue
-            remember(self._seen_groups, digest, MAX_SEEN_GROUPS)
+            self._seen_groups.add(digest)
             fresh.append(group)
         return fresh
 
@@ -477,8 +470,6 @@ class Swarm:
         """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
         status = self.status(round_, policy_version)
         path = self.run_dir / "status.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=1))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(status, indent=1))
         if self.on_status is not None:
             self.on_status(status)

@@ -5,12 +5,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from swarmnode.batching import TrainSequence, encode_prompt
 from swarmnode.config import ModelConfig, OffPolicyConfig, TinyModelConfig, TrainConfig
+from swarmnode.learn.batch import TrainSequence
+from swarmnode.learn.trainer import Trainer, source_of
 from swarmnode.policy import load_policy, state_digest
+from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 from swarmnode.sampler.hf import HFSampler
-from swarmnode.trainer import Trainer, source_of
 
 TRAIN = TrainConfig(lr=1e-2, token_budget=256)
 

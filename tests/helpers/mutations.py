@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from swarmnode import protocol as P
 from swarmnode.identity import Identity
+from swarmnode.swarm import protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -77,7 +77,7 @@ STRUCTURE_SEEDS = [(env["t"], env["b"]) for env in map(seed_envelope, MESSAGE_SE
 
 INT_EDGES = (0, 1, -1, 127, 128, 255, 256, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, -(2**63))
 FLOAT_EDGES = (0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), float("-inf"))
-STR_SIZES = (0, 1, 31, 32, 64, 65, 128, 129, 255, 256, 257, P.MAX_COMPLETION_TEXT_BYTES)
+STR_SIZES = (0, 1, 31, 32, 64, 65, 128, 129, 255, 256, 257, protocol.MAX_COMPLETION_TEXT_BYTES)
 
 leaves = (
     st.none()
@@ -173,13 +173,13 @@ def structural_mutant(draw, body: dict) -> dict:
 def sign_body(identity: Identity, msg_type: str, body: dict, swarm_id: str) -> bytes:
     """Sign any body as its sender would (canonical bytes when it has a canonical form)."""
     try:
-        body_bytes = P.canonical_packb(body)
-    except P.ProtocolError:  # not representable canonically (e.g. nesting): sign the plain encoding
+        body_bytes = protocol.canonical_packb(body)
+    except protocol.ProtocolError:  # not representable canonically (e.g. nesting): sign the plain encoding
         body_bytes = msgpack.packb(body, use_bin_type=True)
     claimed = body.get("swarm_id")
     swarm = claimed if isinstance(claimed, str) else swarm_id
-    signature = identity.sign(P.signing_bytes(msg_type, swarm, body_bytes))
-    return P.pack_envelope(msg_type, body_bytes, identity.public_key, signature)
+    signature = identity.sign(protocol.signing_bytes(msg_type, swarm, body_bytes))
+    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, signature)
 
 
 @st.composite

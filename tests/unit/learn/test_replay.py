@@ -1,7 +1,7 @@
 """Replay of own groups: bounded, by policy version, staleness cap with drops counted, used once."""
 
 from swarmnode.config import load_config
-from swarmnode.replay import ReplayBuffer
+from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 
 

@@ -12,35 +12,29 @@ import re
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode import protocol as P
-from swarmnode.config import TasksConfig, TaskSpec
-from swarmnode.identity import Identity
-from swarmnode.peers import PeerBook
-from swarmnode.rollouts import Completion, Provenance, RolloutGroup
-from swarmnode.tasks import Question, TaskBank
-from swarmnode.verify import ALL_REASONS, VERIFY_REASONS, Verifier
-
-SWARM = "verify-test"
-NOW = 1_767_225_600.0  # the receiver's wall clock (unix seconds)
-MIX = {
-    "basic_arithmetic": TaskSpec(config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
-    "propositional_logic": TaskSpec(),
-}
-FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-
-HONEST = Identity.generate()
-HOSTILE = Identity.generate()
-
-
-class FakeClock:
-    def __init__(self, t: float):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from swarmnode.config import TasksConfig
+from swarmnode.rollouts import Provenance
+from swarmnode.swarm import protocol
+from swarmnode.swarm.verify import ALL_REASONS, VERIFY_REASONS
+from swarmnode.tasks import TaskBank
+from tests.helpers.verify_world import (
+    FUZZ,
+    HONEST,
+    HOSTILE,
+    MIX,
+    NOW,
+    SWARM,
+    Node,
+    Peer,
+    assert_labels,
+    deliver,
+    flip,
+    signature_offset,
+    with_groups,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,123 +47,6 @@ def bank() -> TaskBank:
 def peer_bank() -> TaskBank:
     """The sender's bank: same mix, another format bonus (claims are task scores: they still agree)."""
     return TaskBank(TasksConfig(mix=MIX, format_reward=0.5, seed=2))
-
-
-class Node:
-    """The receiving side: a verifier with fake wall and monotonic clocks."""
-
-    def __init__(self, bank: TaskBank, **book_kwargs):
-        self.wall = FakeClock(NOW)
-        self.mono = FakeClock(1000.0)
-        self.book = PeerBook(self.mono, **book_kwargs)
-        self.verifier = Verifier(bank, SWARM, self.book, clock=self.wall)
-        self.accepted: list[RolloutGroup] = []
-
-    def receive(self, record: bytes, data: bytes, *, subkey: str, stream_peer: str) -> list[RolloutGroup]:
-        """What the swarm loop does: read the DHT record, pull the payload from the announcer, verify."""
-        announcement = self.verifier.check_announcement(record, subkey)
-        if announcement is None:
-            return []
-        groups = self.verifier.check_batch(announcement, data, stream_peer)
-        self.accepted.extend(groups)
-        return groups
-
-
-def oracle(question: Question) -> str:
-    """A correct answer (propositional_logic accepts the conjunction of its premises)."""
-    if question.answer is not None:
-        return question.answer
-    return " ∧ ".join(f"({premise})" for premise in question.entry["metadata"]["premises"])
-
-
-class Peer:
-    """A sender: samples (scripted) completions, scores them with its own bank, signs and announces."""
-
-    def __init__(self, identity: Identity, bank: TaskBank):
-        self.identity = identity
-        self.bank = bank
-        self.seq = 0
-        self.round = 0
-
-    def groups(self, n: int = 2) -> list[RolloutGroup]:
-        self.round += 1
-        provenance = Provenance(
-            source="local", producer=self.identity.peer_id, policy_version=7, round=self.round
-        )
-        out = []
-        for ref in self.bank.draw(self.round, n):
-            question = self.bank.question(ref)
-            answer = oracle(question)
-            texts = [
-                f"Let me see.\n<answer>{answer}</answer>",
-                "<answer></answer>",
-                f"answer: {answer}",
-                "no idea",
-            ]
-            completions = [
-                Completion(text=t, token_ids=(3, 1, 4), logprobs=(-0.5, -1.25, -0.125)) for t in texts
-            ]
-            out.append(self.bank.score_group(question, completions, provenance))
-        return out
-
-    def batch(self, groups: list[RolloutGroup] | None = None, **changes) -> P.RolloutBatch:
-        self.seq += 1
-        batch = P.make_rollout_batch(
-            groups if groups is not None else self.groups(),
-            peer_id=self.identity.peer_id,
-            swarm_id=SWARM,
-            round=self.round,
-            policy_version=7,
-            model_name="tiny-llama",
-            tokenizer_fingerprint="ab" * 32,
-            timestamp=NOW - 1.0,
-            seq=self.seq,
-        )
-        return replace(batch, **changes)
-
-    def announce(self, data: bytes, batch: P.RolloutBatch, **changes) -> bytes:
-        """The signed DHT record announcing ``data`` (which need not be ``batch``'s honest encoding)."""
-        self.seq += 1
-        announcement = P.BatchAnnouncement(
-            peer_id=self.identity.peer_id,
-            swarm_id=SWARM,
-            round=batch.round,
-            policy_version=batch.policy_version,
-            payload_sha256=P.payload_digest(data),
-            payload_len=len(data),
-            n_groups=len(batch.groups),
-            timestamp=NOW - 0.5,
-            seq=self.seq,
-        )
-        return P.encode_message(self.identity, SWARM, replace(announcement, **changes))
-
-    def publish(self, batch: P.RolloutBatch | None = None) -> tuple[bytes, bytes]:
-        """(announcement record, payload bytes) of a validly signed batch."""
-        batch = batch if batch is not None else self.batch()
-        data = P.encode_message(self.identity, SWARM, batch)
-        return self.announce(data, batch), data
-
-
-def deliver(node: Node, peer: Peer, record: bytes, data: bytes) -> list[RolloutGroup]:
-    pid = peer.identity.peer_id
-    return node.receive(record, data, subkey=pid, stream_peer=pid)
-
-
-def flip(data: bytes, pos: int) -> bytes:
-    return data[:pos] + bytes([data[pos] ^ 0x01]) + data[pos + 1 :]
-
-
-def signature_offset(message: bytes) -> int:
-    """Where the 64-byte signature starts in an envelope (after "s" and a bin8 header of length 64)."""
-    return message.rindex(b"\xa1s\xc4\x40") + 4
-
-
-def with_groups(batch: P.RolloutBatch, change) -> P.RolloutBatch:
-    return replace(batch, groups=tuple(change(g) for g in batch.groups))
-
-
-def assert_labels(verifier: Verifier) -> None:
-    assert set(verifier.rejections) <= set(ALL_REASONS)
 
 
 @pytest.fixture
@@ -215,7 +92,7 @@ def test_honest_batch_is_accepted_and_rescored_locally(node: Node, honest: Peer,
         for c in group.completions:  # the peer's token ids and log-probs, unchanged
             assert c.token_ids == (3, 1, 4) and c.logprobs == (-0.5, -1.25, -0.125)
     assert node.book.reputation(HONEST.peer_id) > 0
-    assert node.verifier.already_accepted(P.payload_digest(data))
+    assert node.verifier.already_accepted(protocol.payload_digest(data))
 
 
 def test_duplicate_record_is_ignored_and_payload_not_accepted_twice(node: Node, honest: Peer) -> None:
@@ -248,7 +125,7 @@ def test_forged_announcement_signature_is_rejected_and_charges_nobody(node: Node
 
 def test_forged_batch_signature_bans_the_stream_peer(node: Node, hostile: Peer, honest: Peer) -> None:
     batch = hostile.batch()
-    data = P.encode_message(HOSTILE, SWARM, batch)
+    data = protocol.encode_message(HOSTILE, SWARM, batch)
     forged = flip(data, signature_offset(data))
     record = hostile.announce(forged, batch)  # it announces exactly the bytes it then serves
     assert deliver(node, hostile, record, forged) == []
@@ -259,7 +136,7 @@ def test_forged_batch_signature_bans_the_stream_peer(node: Node, hostile: Peer, 
     record, data = hostile.publish()
     assert deliver(node, hostile, record, data) == []
     assert node.verifier.rejections["banned"] == 1
-    announcement = P.decode_message(record, swarm_id=SWARM)[0]
+    announcement = protocol.decode_message(record, swarm_id=SWARM)[0]
     assert node.verifier.check_batch(announcement, data, HOSTILE.peer_id) == []
     assert node.verifier.rejections["banned"] == 2
     assert deliver(node, honest, *honest.publish())  # others are unaffected
@@ -284,7 +161,7 @@ def test_payload_served_by_another_peer_is_wrong_sender_and_bans_that_peer(node:
 
 def test_payload_that_differs_from_its_announcement_is_hash_mismatch(node: Node, hostile: Peer) -> None:
     record, data = hostile.publish()
-    other = P.encode_message(HOSTILE, SWARM, hostile.batch())
+    other = protocol.encode_message(HOSTILE, SWARM, hostile.batch())
     assert deliver(node, hostile, record, other) == []
     assert node.verifier.rejections == {"hash_mismatch": 1}
     assert node.book.snapshot()["peers"][HOSTILE.peer_id]["strikes"] == 1
@@ -304,12 +181,12 @@ def test_replayed_older_announcement_is_replay(node: Node, honest: Peer) -> None
 
 def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
     batch = honest.batch()
-    data = P.encode_message(HONEST, SWARM, batch)
-    old = NOW - node.verifier.max_age_s - P.MAX_CLOCK_SKEW_S - 1
+    data = protocol.encode_message(HONEST, SWARM, batch)
+    old = NOW - node.verifier.max_age_s - protocol.MAX_CLOCK_SKEW_S - 1
     assert (
         node.verifier.check_announcement(honest.announce(data, batch, timestamp=old), HONEST.peer_id) is None
     )
-    future = NOW + P.MAX_CLOCK_SKEW_S + 1
+    future = NOW + protocol.MAX_CLOCK_SKEW_S + 1
     assert (
         node.verifier.check_announcement(honest.announce(data, batch, timestamp=future), HONEST.peer_id)
         is None
@@ -324,7 +201,7 @@ def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
 def test_oversize_and_malformed_records(node: Node, honest: Peer) -> None:
     record, _ = honest.publish()
     v = node.verifier
-    assert v.check_announcement(b"\x80" * (P.MAX_RECORD_BYTES + 1), HONEST.peer_id) is None
+    assert v.check_announcement(b"\x80" * (protocol.MAX_RECORD_BYTES + 1), HONEST.peer_id) is None
     assert v.check_announcement(b"\xc1", HONEST.peer_id) is None  # never valid msgpack
     assert v.check_announcement(record[:-3], HONEST.peer_id) is None  # truncated
     assert v.check_announcement(record + b"\x00", HONEST.peer_id) is None  # trailing bytes
@@ -347,16 +224,18 @@ def test_malformed_payload_charges_the_announcer(node: Node, hostile: Peer) -> N
 @pytest.mark.parametrize(
     "task",
     [
-        P.WireTask("basic_arithmetic", {"min_terms": 5, "max_terms": 5}, seed=3, index=1),  # not our config
-        P.WireTask("basic_arithmetic", {}, seed=3, index=1),  # default config: not ours either
-        P.WireTask("no_such_dataset", {}, seed=3, index=1),  # unknown dataset
-        P.WireTask("bf", {}, seed=3, index=1),  # a real dataset outside our mix
-        P.WireTask("propositional_logic", {}, seed=3, index=2**31),  # index out of range
-        P.WireTask("propositional_logic", {}, seed=10_000_019, index=0),  # our held-out eval questions
+        protocol.WireTask(
+            "basic_arithmetic", {"min_terms": 5, "max_terms": 5}, seed=3, index=1
+        ),  # not our config
+        protocol.WireTask("basic_arithmetic", {}, seed=3, index=1),  # default config: not ours either
+        protocol.WireTask("no_such_dataset", {}, seed=3, index=1),  # unknown dataset
+        protocol.WireTask("bf", {}, seed=3, index=1),  # a real dataset outside our mix
+        protocol.WireTask("propositional_logic", {}, seed=3, index=2**31),  # index out of range
+        protocol.WireTask("propositional_logic", {}, seed=10_000_019, index=0),  # our held-out eval questions
     ],
     ids=["config", "default-config", "unknown", "not-in-mix", "index", "eval-seed"],
 )
-def test_tampered_task_ref_is_bad_task(node: Node, hostile: Peer, task: P.WireTask) -> None:
+def test_tampered_task_ref_is_bad_task(node: Node, hostile: Peer, task: protocol.WireTask) -> None:
     batch = hostile.batch()
     batch = replace(batch, groups=(batch.groups[0], replace(batch.groups[1], task=task)))
     assert deliver(node, hostile, *hostile.publish(batch)) == []
@@ -368,7 +247,7 @@ def test_tampered_task_ref_is_bad_task(node: Node, hostile: Peer, task: P.WireTa
 def test_inflated_rewards_are_reward_mismatch_and_ban_after_the_strike_limit(
     node: Node, hostile: Peer
 ) -> None:
-    def inflate(g: P.WireGroup) -> P.WireGroup:
+    def inflate(g: protocol.WireGroup) -> protocol.WireGroup:
         return replace(g, claimed_rewards=tuple(1.0 for _ in g.claimed_rewards))
 
     for i in range(node.book.strike_limit):
@@ -384,7 +263,7 @@ def test_inflated_rewards_are_reward_mismatch_and_ban_after_the_strike_limit(
 
 
 def test_small_claim_differences_within_tolerance_are_accepted(node: Node, honest: Peer) -> None:
-    def nudge(g: P.WireGroup) -> P.WireGroup:
+    def nudge(g: protocol.WireGroup) -> protocol.WireGroup:
         return replace(g, claimed_rewards=tuple(r + 1e-4 for r in g.claimed_rewards))
 
     assert deliver(node, honest, *honest.publish(with_groups(honest.batch(), nudge)))
@@ -392,7 +271,7 @@ def test_small_claim_differences_within_tolerance_are_accepted(node: Node, hones
 
 @pytest.mark.parametrize("bad", [0.5, -1000.0], ids=["positive", "implausible"])
 def test_bad_logprobs_reject_the_batch(node: Node, hostile: Peer, bad: float) -> None:
-    def poison(g: P.WireGroup) -> P.WireGroup:
+    def poison(g: protocol.WireGroup) -> protocol.WireGroup:
         first = replace(g.completions[0], logprobs=(-0.5, bad, -0.125))
         return replace(g, completions=(first, *g.completions[1:]))
 
@@ -415,7 +294,7 @@ def test_flood_is_rate_limited_and_banned(node: Node, hostile: Peer) -> None:
 def test_ban_durations_grow_and_expire(node: Node, hostile: Peer, honest: Peer) -> None:
     def forge() -> None:
         batch = hostile.batch(hostile.groups(1))
-        data = flip(P.encode_message(HOSTILE, SWARM, batch), 10)
+        data = flip(protocol.encode_message(HOSTILE, SWARM, batch), 10)
         assert deliver(node, hostile, hostile.announce(data, batch), data) == []
 
     for count, duration in enumerate((60.0, 120.0, 240.0), start=1):
@@ -432,11 +311,11 @@ def test_hostile_peer_changes_nothing_in_honest_data(node: Node, honest: Peer, h
     """An honest peer interleaved with a hostile one that poisons, tampers, forges and replays."""
     poison_text = "<answer>POISON</answer>"
 
-    def poison(g: P.WireGroup) -> P.WireGroup:  # plausible text that claims to be right
+    def poison(g: protocol.WireGroup) -> protocol.WireGroup:  # plausible text that claims to be right
         completions = tuple(replace(c, text=poison_text) for c in g.completions)
         return replace(g, completions=completions, claimed_rewards=tuple(1.0 for _ in completions))
 
-    def retask(g: P.WireGroup) -> P.WireGroup:
+    def retask(g: protocol.WireGroup) -> protocol.WireGroup:
         return replace(g, task=replace(g.task, config={"min_terms": 9}))
 
     old = hostile.publish()  # published first, replayed later
@@ -468,7 +347,7 @@ def test_internal_errors_are_counted_logged_once_and_not_charged(
         raise RuntimeError("dataset generator crashed")
 
     monkeypatch.setattr(node.verifier.bank, "question", broken)
-    with caplog.at_level(logging.DEBUG, logger="swarmnode.verify"):
+    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.verify"):
         for _ in range(3):
             assert deliver(node, honest, *honest.publish()) == []
     assert node.verifier.rejections == {"internal_error": 3}
@@ -481,7 +360,7 @@ def test_internal_errors_are_counted_logged_once_and_not_charged(
 
 
 def test_verify_reasons_are_new_prometheus_label_values() -> None:
-    assert not set(VERIFY_REASONS) & set(P.REJECT_REASONS)
+    assert not set(VERIFY_REASONS) & set(protocol.REJECT_REASONS)
     assert len(set(ALL_REASONS)) == len(ALL_REASONS)
     assert all(re.fullmatch(r"[a-z][a-z_]*", r) for r in ALL_REASONS)
 
@@ -502,12 +381,12 @@ def test_random_records_never_raise(bank: TaskBank, record: bytes, subkey: str) 
 @given(data=st.binary(min_size=1, max_size=512), announced=st.booleans())
 def test_random_payloads_never_raise(bank: TaskBank, data: bytes, announced: bool) -> None:
     node = Node(bank)
-    announcement = P.BatchAnnouncement(
+    announcement = protocol.BatchAnnouncement(
         peer_id=HOSTILE.peer_id,
         swarm_id=SWARM,
         round=1,
         policy_version=7,
-        payload_sha256=P.payload_digest(data) if announced else bytes(32),
+        payload_sha256=protocol.payload_digest(data) if announced else bytes(32),
         payload_len=len(data),
         n_groups=1,
         timestamp=NOW,
@@ -519,16 +398,19 @@ def test_random_payloads_never_raise(bank: TaskBank, data: bytes, announced: boo
 
 
 @pytest.fixture(scope="module")
-def valid_message(peer_bank: TaskBank) -> tuple[P.RolloutBatch, bytes]:
+def valid_message(peer_bank: TaskBank) -> tuple[protocol.RolloutBatch, bytes]:
     peer = Peer(HOSTILE, peer_bank)
     batch = peer.batch(peer.groups(1))
-    return batch, P.encode_message(HOSTILE, SWARM, batch)
+    return batch, protocol.encode_message(HOSTILE, SWARM, batch)
 
 
 @FUZZ
 @given(data=st.data())
 def test_mutated_valid_batches_are_rejected_without_raising(
-    bank: TaskBank, peer_bank: TaskBank, valid_message: tuple[P.RolloutBatch, bytes], data: st.DataObject
+    bank: TaskBank,
+    peer_bank: TaskBank,
+    valid_message: tuple[protocol.RolloutBatch, bytes],
+    data: st.DataObject,
 ) -> None:
     batch, message = valid_message
     pos = data.draw(st.integers(0, len(message) - 1))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from swarmnode.grpo import group_advantages, kl_penalty, policy_loss
+from swarmnode.learn.grpo import group_advantages, kl_penalty, policy_loss
 
 CLIP = {"clip_low": 0.2, "clip_high": 0.28}
 

@@ -4,7 +4,7 @@ Usage: python hostile_peer.py ATTACK WORK_DIR SWARM_ID HONEST_MULTIADDR [CONFIG_
 
 It joins the swarm through the honest node's multiaddr, publishes a roster card like any node, waits
 for the honest node's roster card, then performs ONE attack (``ATTACKS``) with real signed messages
-built with ``swarmnode.protocol`` and hand-made bad bytes. It talks to the honest node only over the
+built with ``swarmnode.swarm.protocol`` and hand-made bad bytes. It talks to the honest node only over the
 network: DHT records it writes and payload streams the honest node opens to it. Knowing the honest
 node's task mix (the public config file) lets it make task refs and rewards that pass every check but
 the one an attack aims at.
@@ -33,12 +33,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from swarmnode import protocol as P
 from swarmnode.config import SwarmConfig, load_config
 from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
+from swarmnode.swarm import protocol
+from swarmnode.swarm.transport import Transport
 from swarmnode.tasks import TaskBank
-from swarmnode.transport import Transport
 
 MARKER = "HOSTILE-MARKER"
 CONTROL_MARKER = "REPLAY-CONTROL"
@@ -56,11 +56,11 @@ TRICKLE_CHUNK = 64 * 1024
 TRICKLE_DELAY_S = 0.25
 
 
-def audit_key(group: P.WireGroup) -> dict:
+def audit_key(group: protocol.WireGroup) -> dict:
     """How the receiver's peer_groups.jsonl names this group: task ref key and sha256 of the texts."""
     texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
     return {
-        "task": P.task_from_wire(group.task).key(),
+        "task": protocol.task_from_wire(group.task).key(),
         "texts_sha256": hashlib.sha256(texts.encode()).hexdigest(),
     }
 
@@ -121,19 +121,19 @@ class Hostile:
         return self.last_seq
 
     def publish_roster(self) -> None:
-        card = P.RosterCard(
+        card = protocol.RosterCard(
             peer_id=self.peer_id,
             swarm_id=self.swarm_id,
             model_name="hostile-model",
             tokenizer_fingerprint="",
             policy_version=0,
             round=self.round,
-            addrs=tuple(self.addrs[: P.MAX_ADDRS]),
+            addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
             timestamp=time.time(),
             seq=self.seq(),
         )
-        record = P.encode_message(self.identity, self.swarm_id, card)
-        self.transport.put_record(P.roster_key(self.swarm_id), self.peer_id, record, self.ttl_s)
+        record = protocol.encode_message(self.identity, self.swarm_id, card)
+        self.transport.put_record(protocol.roster_key(self.swarm_id), self.peer_id, record, self.ttl_s)
         self.last_roster = time.monotonic()
 
     def sleep(self, seconds: float) -> None:
@@ -146,14 +146,17 @@ class Hostile:
 
     def honest_round(self) -> int | None:
         """The round in the honest node's roster card (it republishes it as each exchange starts)."""
-        record = self.transport.get_records(P.roster_key(self.swarm_id)).get(self.honest_peer)
+        record = self.transport.get_records(protocol.roster_key(self.swarm_id)).get(self.honest_peer)
         if record is None:
             return None
         try:
-            card, _ = P.decode_message(
-                record, swarm_id=self.swarm_id, expected_type=P.ROSTER_CARD, expected_peer_id=self.honest_peer
+            card, _ = protocol.decode_message(
+                record,
+                swarm_id=self.swarm_id,
+                expected_type=protocol.ROSTER_CARD,
+                expected_peer_id=self.honest_peer,
             )
-        except P.ProtocolError:
+        except protocol.ProtocolError:
             return None
         return card.round
 
@@ -190,8 +193,8 @@ class Hostile:
         marker: str = MARKER,
         pad: int = 0,
         claims: float | None = None,
-        task: P.WireTask | None = None,
-    ) -> P.WireGroup:
+        task: protocol.WireTask | None = None,
+    ) -> protocol.WireGroup:
         """Four completions of a fresh hostile task; claimed rewards are the true task scores unless
         ``claims`` overrides them. Informative groups have different rewards (a learner would use them)."""
         ref = self.ref()
@@ -204,15 +207,15 @@ class Hostile:
         filler = "x" * max(0, pad - 64) + "\n" if pad else ""
         texts = [f"{marker} {filler}{t}" for t in texts]
         scores = [self.bank.score(question, t)[1] for t in texts]
-        return P.WireGroup(
-            task=task if task is not None else P.task_to_wire(ref),
-            completions=tuple(P.WireCompletion(text=t, n_tokens=0) for t in texts),
+        return protocol.WireGroup(
+            task=task if task is not None else protocol.task_to_wire(ref),
+            completions=tuple(protocol.WireCompletion(text=t, n_tokens=0) for t in texts),
             claimed_rewards=tuple(float(s) if claims is None else claims for s in scores),
         )
 
-    def batch(self, groups: list[P.WireGroup]) -> P.RolloutBatch:
+    def batch(self, groups: list[protocol.WireGroup]) -> protocol.RolloutBatch:
         self.round += 1
-        return P.RolloutBatch(
+        return protocol.RolloutBatch(
             peer_id=self.peer_id,
             swarm_id=self.swarm_id,
             round=self.round,
@@ -224,13 +227,13 @@ class Hostile:
             groups=tuple(groups),
         )
 
-    def encode(self, batch: P.RolloutBatch) -> bytes:
-        return P.encode_message(self.identity, self.swarm_id, batch)
+    def encode(self, batch: protocol.RolloutBatch) -> bytes:
+        return protocol.encode_message(self.identity, self.swarm_id, batch)
 
     def announce(
-        self, digest: bytes, length: int, batch: P.RolloutBatch | None, *, seq: int | None = None
-    ) -> P.BatchAnnouncement:
-        announcement = P.BatchAnnouncement(
+        self, digest: bytes, length: int, batch: protocol.RolloutBatch | None, *, seq: int | None = None
+    ) -> protocol.BatchAnnouncement:
+        announcement = protocol.BatchAnnouncement(
             peer_id=self.peer_id,
             swarm_id=self.swarm_id,
             round=batch.round if batch else self.round,
@@ -241,8 +244,10 @@ class Hostile:
             timestamp=time.time(),
             seq=self.seq() if seq is None else seq,
         )
-        record = P.encode_message(self.identity, self.swarm_id, announcement)
-        if not self.transport.put_record(P.announce_key(self.swarm_id), self.peer_id, record, self.ttl_s):
+        record = protocol.encode_message(self.identity, self.swarm_id, announcement)
+        if not self.transport.put_record(
+            protocol.announce_key(self.swarm_id), self.peer_id, record, self.ttl_s
+        ):
             say("WARN", {"put_record": "failed"})
         return announcement
 
@@ -263,7 +268,7 @@ class Hostile:
         self,
         name: str,
         data: bytes,
-        batch: P.RolloutBatch | None,
+        batch: protocol.RolloutBatch | None,
         *,
         length: int | None = None,
         digest: bytes | None = None,
@@ -272,7 +277,7 @@ class Hostile:
     ) -> dict:
         """Offer ``data`` (or answer ``digest`` with a special handler), announce it, and wait until the
         honest node has pulled it (or STEP_TIMEOUT_S passes: the step then says served = 0)."""
-        digest = digest or P.payload_digest(data)
+        digest = digest or protocol.payload_digest(data)
         if digest not in self.transport.special:
             self.transport.offer(digest, data)
         announcement = self.announce(digest, length or len(data), batch, seq=seq)
@@ -285,10 +290,10 @@ class Hostile:
         """A valid, informative batch after the ban: a banned peer's data is never even pulled."""
         batch = self.batch([self.group(), self.group()])
         data = self.encode(batch)
-        self.transport.offer(P.payload_digest(data), data)
-        self.announce(P.payload_digest(data), len(data), batch)
+        self.transport.offer(protocol.payload_digest(data), data)
+        self.announce(protocol.payload_digest(data), len(data), batch)
         self.wait_next_exchange()
-        self.record("valid_after_ban", P.payload_digest(data))
+        self.record("valid_after_ban", protocol.payload_digest(data))
 
     # --- attacks -----------------------------------------------------------------------------------
     def forged_signature(self) -> None:
@@ -306,9 +311,11 @@ class Hostile:
         batch = self.batch([self.group(), self.group()])
         body = batch.to_body()
         body["peer_id"] = self.honest_peer
-        body_bytes = P.canonical_packb(body)
-        signature = self.identity.sign(P.signing_bytes(P.ROLLOUT_BATCH, self.swarm_id, body_bytes))
-        data = P.pack_envelope(P.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
+        body_bytes = protocol.canonical_packb(body)
+        signature = self.identity.sign(
+            protocol.signing_bytes(protocol.ROLLOUT_BATCH, self.swarm_id, body_bytes)
+        )
+        data = protocol.pack_envelope(protocol.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
         self.send("impersonation", data, batch)
         self.probe_after_ban()
 
@@ -318,17 +325,17 @@ class Hostile:
         data = self.encode(original)
         first = self.send("control", data, original, groups=[audit_key(g) for g in original.groups])
         # the same payload announced anew: never pulled again (-> duplicate_payload)
-        digest = P.payload_digest(data)
+        digest = protocol.payload_digest(data)
         self.announce(digest, len(data), original)
         self.wait_next_exchange()
         self.record("reannounced_payload", digest)
         # an announcement carrying an old seq (new bytes): the DHT-level replay (-> replay, not charged)
         fresh = self.batch([self.group(), self.group()])
         fresh_data = self.encode(fresh)
-        self.transport.offer(P.payload_digest(fresh_data), fresh_data)
-        self.announce(P.payload_digest(fresh_data), len(fresh_data), fresh, seq=first["seq"])
+        self.transport.offer(protocol.payload_digest(fresh_data), fresh_data)
+        self.announce(protocol.payload_digest(fresh_data), len(fresh_data), fresh, seq=first["seq"])
         self.wait_next_exchange()
-        self.record("old_seq_announcement", P.payload_digest(fresh_data))
+        self.record("old_seq_announcement", protocol.payload_digest(fresh_data))
         # the accepted groups re-signed under the accepted batch's seq: new bytes, new sha256, new
         # announcement; only the batch's own seq gives it away (-> replay)
         again = replace(original, timestamp=time.time())
@@ -346,7 +353,7 @@ class Hostile:
             digest = hashlib.sha256(name.encode()).digest()
 
             async def answer(writer: asyncio.StreamWriter, claimed: int = claimed) -> None:
-                writer.write(claimed.to_bytes(P.FRAME_HEADER_BYTES, "big") + b"\x00" * 4096)
+                writer.write(claimed.to_bytes(protocol.FRAME_HEADER_BYTES, "big") + b"\x00" * 4096)
                 await writer.drain()
                 await asyncio.sleep(2.0)
 
@@ -365,13 +372,13 @@ class Hostile:
         them, and the receiver regenerates the question anyway."""
         injected = {"question": "What is 1 + 1?", "answer": "HOSTILE"}
         tasks = {
-            "dataset_not_in_mix": P.WireTask(
+            "dataset_not_in_mix": protocol.WireTask(
                 "leg_counting", {}, HOSTILE_SEED, self.next_index + 100, injected
             ),
-            "config_tampered": P.WireTask(
+            "config_tampered": protocol.WireTask(
                 DATASET, {**self.task_config, "max_digits": 6}, HOSTILE_SEED, self.next_index + 101, injected
             ),
-            "eval_seed": P.WireTask(DATASET, dict(self.task_config), self.cfg.tasks.eval_seed, 3),
+            "eval_seed": protocol.WireTask(DATASET, dict(self.task_config), self.cfg.tasks.eval_seed, 3),
         }
         for name, task in tasks.items():
             batch = self.batch([self.group(), self.group(task=task, claims=0.0)])
@@ -385,11 +392,11 @@ class Hostile:
         for i in range(3):
             if i == 1:
                 ref = self.ref()
-                task = replace(P.task_to_wire(ref), extra=injected)
-                group = P.WireGroup(
+                task = replace(protocol.task_to_wire(ref), extra=injected)
+                group = protocol.WireGroup(
                     task=task,
                     completions=tuple(
-                        P.WireCompletion(text=f"{MARKER} <answer>HOSTILE-ANSWER</answer>", n_tokens=0)
+                        protocol.WireCompletion(text=f"{MARKER} <answer>HOSTILE-ANSWER</answer>", n_tokens=0)
                         for _ in range(4)
                     ),
                     claimed_rewards=(1.0,) * 4,
@@ -406,7 +413,7 @@ class Hostile:
         right), so whether the round ends before the ban does not decide what is trained. The next one
         is over the byte rate (-> rate_limited, immediate ban); later ones are never pulled."""
 
-        def big(informative: bool) -> tuple[P.RolloutBatch, bytes]:
+        def big(informative: bool) -> tuple[protocol.RolloutBatch, bytes]:
             batch = self.batch(
                 [self.group(informative=informative, pad=FLOOD_TEXT_BYTES) for _ in range(FLOOD_GROUPS)]
             )
@@ -426,7 +433,7 @@ class Hostile:
         digests = []
         for _ in range(12):
             batch, data = big(informative=True)
-            digests.append(P.payload_digest(data))
+            digests.append(protocol.payload_digest(data))
             self.transport.offer(digests[-1], data)
             self.announce(digests[-1], len(data), batch)
             self.sleep(0.5)
@@ -442,7 +449,7 @@ class Hostile:
         digest = hashlib.sha256(b"trickle").digest()
 
         async def answer(writer: asyncio.StreamWriter) -> None:
-            writer.write(TRICKLE_BYTES.to_bytes(P.FRAME_HEADER_BYTES, "big"))
+            writer.write(TRICKLE_BYTES.to_bytes(protocol.FRAME_HEADER_BYTES, "big"))
             for i in range(TRICKLE_BYTES // TRICKLE_CHUNK):
                 writer.write(b"s" * TRICKLE_CHUNK)
                 await writer.drain()

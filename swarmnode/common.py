@@ -1,0 +1,82 @@
+"""Small helpers every layer uses: the console line, a bounded memory, and durable file writes.
+
+Pure standard library (and tqdm): importing this module loads no torch, hivemind or reasoning-gym.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Hashable, Iterator
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from tqdm import tqdm
+
+K = TypeVar("K", bound=Hashable)
+
+
+def log(message: str) -> None:
+    """One console line on stderr, printed above the round progress bar when one is drawn."""
+    tqdm.write(message, file=sys.stderr)
+
+
+class BoundedSet(Generic[K]):
+    """An insertion-ordered set that forgets its oldest keys beyond ``cap``.
+
+    Everything a node remembers about what peers sent (digests seen, records refused, peers ignored)
+    lives in one of these, so it stays bounded however long the node runs and whatever peers send.
+    A key added again keeps its place, so eviction stays oldest-first.
+    """
+
+    def __init__(self, cap: int):
+        if cap < 1:
+            raise ValueError(f"cap must be >= 1, got {cap}")
+        self.cap = cap
+        self._keys: dict[K, None] = {}
+
+    def add(self, key: K) -> None:
+        self._keys[key] = None
+        while len(self._keys) > self.cap:
+            del self._keys[next(iter(self._keys))]
+
+    def discard(self, key: K) -> None:
+        self._keys.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._keys)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush a folder's entries to disk, so a rename into it survives a power cut. Best effort: some
+    filesystems refuse to open or sync a folder, and the rename has happened either way."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader (or a crash) sees the old file or the new one, never
+    half of one: write a temporary file beside it, flush it to disk, rename it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(path.parent)
