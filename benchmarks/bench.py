@@ -46,7 +46,8 @@ import torch
 
 from benchmarks.common import drop_checkpoints
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
-from swarmnode.learn.batch import TrainSequence, sampler_vs_learner_logprobs
+from swarmnode.learn.batch import TrainSequence
+from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
 from swarmnode.learn.precision import bf16_native
 from swarmnode.learn.trainer import Trainer
 from swarmnode.policy import Policy, embedded_model_folder, load_policy, tokenizer_fingerprint

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from swarmnode.config import OffPolicyConfig, TrainConfig
-from swarmnode.learn.batch import PaddedBatch, TrainSequence, completion_logprobs, microbatches, pad_batch
-from swarmnode.learn.grpo import kl_penalty
+from swarmnode.learn.batch import PaddedBatch, TrainSequence, microbatches, pad_batch
+from swarmnode.learn.grpo import LossTerms, kl_penalty
+from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
 from swarmnode.learn.precision import autocast_dtype
 
@@ -46,6 +47,35 @@ class StepStats:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+@dataclass
+class UpdateTotals:
+    """Token sums over the micro-batches of one update; ``StepStats`` divides them by the kept count."""
+
+    loss: float = 0.0  # the loss summed over tokens (total_tokens=1)
+    kl: float = 0.0  # k3 KL to the reference, summed over tokens
+    clipped_low: int = 0
+    clipped_high: int = 0
+    kept_tokens: float = 0.0  # tokens that count after icepop's masking
+    tokens: float = 0.0  # completion tokens before masking
+    weight_sum: float = 0.0  # sum of the importance weights over kept tokens
+    weight_sq_sum: float = 0.0  # sum of their squares (ESS over the whole update)
+    weight_max: float = 0.0
+    behaviour_kl: float = 0.0  # KL(mu || pi_old) k1 estimate times kept tokens, summed
+
+    def add(self, terms: LossTerms, stats: dict[str, float]) -> None:
+        """One micro-batch's loss terms and ``Correction.stats``."""
+        self.loss += terms.loss.item()
+        self.kl += terms.kl_sum
+        self.clipped_low += terms.clipped_low
+        self.clipped_high += terms.clipped_high
+        self.kept_tokens += stats["kept_tokens"]
+        self.tokens += stats["tokens"]
+        self.weight_sum += stats["weight_sum"]
+        self.weight_sq_sum += stats["weight_sq_sum"]
+        self.weight_max = max(self.weight_max, stats["weight_max"])
+        self.behaviour_kl += stats["kl_k1"] * stats["kept_tokens"]
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -110,9 +140,7 @@ class Trainer:
             # term has zero gradient on the first update, so it only matters with several updates)
             lam = remix_kl_coef(self.policy_version) if self.cfg.kl_convex else 1.0
             self.optimizer.zero_grad(set_to_none=True)
-            sums = dict.fromkeys(
-                ("loss", "kl", "low", "high", "kept", "tokens", "w", "w2", "wmax", "bkl"), 0.0
-            )
+            totals = UpdateTotals()
             for i, (mode, batch) in enumerate(batches):
                 logp = completion_logprobs(self.model, batch, self.temperature, self.autocast)
                 old = old_logps[i] if old_logps is not None else logp.detach()
@@ -145,23 +173,13 @@ class Trainer:
                     )
                     loss = loss + prev_kl
                 loss.backward()
-                st = correction.stats
-                sums["loss"] += terms.loss.item()
-                sums["kl"] += terms.kl_sum
-                sums["low"] += terms.clipped_low
-                sums["high"] += terms.clipped_high
-                sums["kept"] += st["kept_tokens"]
-                sums["tokens"] += st["tokens"]
-                sums["w"] += st["weight_sum"]
-                sums["w2"] += st["weight_sq_sum"]
-                sums["wmax"] = max(sums["wmax"], st["weight_max"])
-                sums["bkl"] += st["kl_k1"] * st["kept_tokens"]
-            kept = max(sums["kept"], 1.0)
+                totals.add(terms, correction.stats)
+            kept = max(totals.kept_tokens, 1.0)
             for p in self.params:
                 if p.grad is not None:
                     p.grad.div_(kept)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-            ess = sums["w"] ** 2 / (kept * sums["w2"]) if sums["w2"] > 0 else 1.0
+            ess = totals.weight_sum**2 / (kept * totals.weight_sq_sum) if totals.weight_sq_sum > 0 else 1.0
             lr_scale = ess_lr_scale(ess, off.ess_base) if off.ess_base is not None else 1.0
             self._step_with_lr_scale(lr_scale)
             self.policy_version += 1
@@ -169,20 +187,20 @@ class Trainer:
         seconds = time.perf_counter() - start
         return StepStats(
             sequences=len(sequences),
-            tokens=int(sums["kept"]),
-            loss=sums["loss"] / kept,
-            kl=sums["kl"] / kept,
-            clip_low_frac=sums["low"] / kept,
-            clip_high_frac=sums["high"] / kept,
+            tokens=int(totals.kept_tokens),
+            loss=totals.loss / kept,
+            kl=totals.kl / kept,
+            clip_low_frac=totals.clipped_low / kept,
+            clip_high_frac=totals.clipped_high / kept,
             grad_norm=float(grad_norm),
-            masked_frac=1.0 - sums["kept"] / max(sums["tokens"], 1.0),
-            is_weight_mean=sums["w"] / kept,
-            is_weight_max=sums["wmax"],
+            masked_frac=1.0 - totals.kept_tokens / max(totals.tokens, 1.0),
+            is_weight_mean=totals.weight_sum / kept,
+            is_weight_max=totals.weight_max,
             ess=ess,
-            behaviour_kl=sums["bkl"] / kept,
+            behaviour_kl=totals.behaviour_kl / kept,
             lr_scale=lr_scale,
             seconds=seconds,
-            tokens_per_s=sums["kept"] * self.cfg.updates_per_round / max(seconds, 1e-9),
+            tokens_per_s=totals.kept_tokens * self.cfg.updates_per_round / max(seconds, 1e-9),
         )
 
     def reincarnate(self) -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
-from swarmnode.learn.batch import sampler_vs_learner_logprobs
+from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
 

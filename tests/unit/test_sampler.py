@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from swarmnode.config import ModelConfig, SamplingConfig, TinyModelConfig
-from swarmnode.learn.batch import TrainSequence, completion_logprobs, pad_batch
+from swarmnode.learn.batch import TrainSequence, pad_batch
+from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
 from swarmnode.sampler import make_sampler
