@@ -1,4 +1,4 @@
-"""What sharing buys: SAPO's local/external table, and off-policy corrections, with real nodes.
+"""What sharing buys: SAPO's local/peer table, and off-policy corrections, with real nodes.
 
 Every arm runs the same ``--nodes`` identities (so the same question stream per node) on the same config
 and seeds, as real ``swarmnode`` processes on 127.0.0.1, one torch thread each:
@@ -57,13 +57,13 @@ class Arm:
     name: str
     table: str  # "sharing" or "offpolicy"
     local: int  # question groups sampled per node and round
-    external: int  # peer groups trained on per round (0: a silo node, run with `swarmnode solo`)
+    peer: int  # peer groups trained on per round (0: a silo node, run with `swarmnode solo`)
     sets: tuple[str, ...] = field(default=())  # extra config overrides
     what: str = ""
 
     @property
     def swarm(self) -> bool:
-        return self.external > 0
+        return self.peer > 0
 
     @property
     def slug(self) -> str:
@@ -73,10 +73,10 @@ class Arm:
 def build_arms(groups: int, splits: list[str], replay_groups: int) -> list[Arm]:
     arms = [Arm("silo", "sharing", groups, 0, what=f"{groups} local groups, no sharing")]
     for split in splits:
-        local, external = (int(x) for x in split.split("/"))
-        if local + external != groups or external <= 0 or local <= 0:
+        local, peer = (int(x) for x in split.split("/"))
+        if local + peer != groups or peer <= 0 or local <= 0:
             raise SystemExit(f"--splits {split}: need L/E with L, E > 0 and L + E = --groups ({groups})")
-        arms.append(Arm(split, "sharing", local, external, what=f"{local} local + {external} peer groups"))
+        arms.append(Arm(split, "sharing", local, peer, what=f"{local} local + {peer} peer groups"))
     half = groups // 2
     withheld = ("swarm.share_logprobs=false",)
     for mode in ("none", "luffy"):
@@ -132,7 +132,7 @@ def node_args(arm: Arm, args: argparse.Namespace, key: Path, swarm_id: str) -> l
     ]
     if arm.swarm:
         sets += [
-            f"swarm.external_per_round={arm.external}",
+            f"swarm.peer_groups_per_round={arm.peer}",
             f"swarm.swarm_id={swarm_id}",
             f"swarm.min_peers={arm_nodes(arm, args) - 1}",
             f"swarm.wait_for_peers_s={args.startup_timeout}",
@@ -212,7 +212,7 @@ def summarize(arm: Arm, per_node: list[list[dict]]) -> dict:
     rounds = min((len(node) for node in per_node), default=0)
     per_round = [_mean([node[k]["reward_mean"] for node in per_node]) for k in range(rounds)]
     local_groups = sum(r["groups_local"] for r in rows)
-    local_kept = sum(r["groups_kept"] - r["groups_external"] - r["groups_replayed"] for r in rows)
+    local_kept = sum(r["groups_kept"] - r["groups_peer"] - r["groups_replayed"] for r in rows)
     tail = [r for node in per_node for r in node[-5:]]
     per_node_sums = [sum(r["reward_mean"] for r in node) for node in per_node]
     return {
@@ -226,8 +226,8 @@ def summarize(arm: Arm, per_node: list[list[dict]]) -> dict:
         "format_last5": _mean([r["format_rate"] for r in tail]),
         "task_score_last5": _mean([r["task_score_mean"] for r in tail]),
         "informative_local": local_kept / local_groups if local_groups else float("nan"),
-        "external_per_round": _mean([r["groups_external"] for r in rows]),
-        "external_reward": _mean([r["reward_external_mean"] for r in rows if r["groups_external"]]),
+        "peer_groups_per_round": _mean([r["groups_peer"] for r in rows]),
+        "peer_reward": _mean([r["reward_peer_mean"] for r in rows if r["groups_peer"]]),
         "replayed_per_round": _mean([r["groups_replayed"] for r in rows]),
         "is_weight_max": max((r["train_is_weight_max"] for r in rows), default=float("nan")),
         "ess": _mean([r["train_ess"] for r in rows if r["train_tokens"]]),
@@ -259,7 +259,7 @@ def plot(arms: list[Arm], results: dict[str, dict], path: Path, window: int) -> 
         for arm in shown:
             series = results[arm.name]["reward_per_round"]
             ax.plot(range(1, len(series) + 1), moving_average(series, window), label=arm.name)
-        ax.set_title("sharing: local/external groups" if table == "sharing" else "off-policy corrections")
+        ax.set_title("sharing: local/peer groups" if table == "sharing" else "off-policy corrections")
         ax.set_xlabel("round")
         ax.set_ylabel(f"reward, mean over nodes, moving average of {window}")
         ax.grid(alpha=0.3)
@@ -276,7 +276,7 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
     silo = results.get("silo", {}).get("silo_by_nodes", {})
     commands = sorted({i["script"] for i in infos.values()})
     lines = [
-        "# What sharing buys: SAPO's local/external table reproduced, and off-policy corrections",
+        "# What sharing buys: SAPO's local/peer table reproduced, and off-policy corrections",
         "",
         "Command(s): " + ", ".join(f"`{c}`" for c in commands) + "  ",
         f"Config: `{args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config}`"
@@ -309,9 +309,9 @@ def report(arms: list[Arm], results: dict[str, dict], infos: dict[str, dict], ar
                 f"{r['cumulative_reward']:.2f} ± {fmt(r['cumulative_reward_se'], '.2f')} | {rel} | "
                 f"{r['cumulative_task_score']:.2f} | {fmt(r['task_score_last5'])} | "
                 f"{fmt(r['format_last5'], '.0%')} | "
-                f"{fmt(r['informative_local'], '.0%')} | {fmt(r['external_per_round'], '.2f')} | "
+                f"{fmt(r['informative_local'], '.0%')} | {fmt(r['peer_groups_per_round'], '.2f')} | "
                 f"{fmt(r['replayed_per_round'], '.2f')} | "
-                f"{fmt(r['external_reward'])} | {fmt(r['is_weight_max'], '.2f')} | {fmt(r['ess'])} | "
+                f"{fmt(r['peer_reward'])} | {fmt(r['is_weight_max'], '.2f')} | {fmt(r['ess'])} | "
                 f"{fmt(r['clip_frac'])} | {r['seconds_per_round']:.0f} | {info['wall_s'] / 60:.0f} min"
                 + (" (TIMED OUT)" if info.get("timed_out") else "")
                 + (f" (exit codes {info['exit_codes']})" if any(info.get("exit_codes", [])) else "")
@@ -352,7 +352,7 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--groups", type=int, default=4, help="question groups each node trains on per round")
-    parser.add_argument("--splits", nargs="+", default=["3/1", "2/2", "1/3"], help="local/external splits")
+    parser.add_argument("--splits", nargs="+", default=["3/1", "2/2", "1/3"], help="local/peer splits")
     parser.add_argument(
         "--replay-groups", type=int, default=2, help="replayed own groups per round (table 2)"
     )

@@ -8,7 +8,6 @@ and exit with status 2; nothing else is caught here.
 
 from __future__ import annotations
 
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from swarmnode.config import NodeConfig, load_config, parse_override
-from swarmnode.errors import ConfigError
+from swarmnode.errors import ConfigError, UserError
 
 app = typer.Typer(
     help="Decentralized RL post-training node (SAPO-style rollout sharing).",
@@ -43,38 +42,14 @@ AnnounceOpt = Annotated[
 ]
 
 
-# (module, exception) pairs whose exceptions mean "the user can fix this", besides ConfigError.
-_USER_ERRORS = (
-    ("swarmnode.policy", "PolicyError"),
-    ("swarmnode.tasks", "TaskError"),
-    ("swarmnode.status", "StatusError"),
-    ("swarmnode.swarm.transport", "TransportError"),
-)
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Exception types that mean 'the user can fix this'.
-
-    Only modules already imported are consulted: no exception of a module's type can exist before the
-    module is imported, and importing them here (torch, transformers, hivemind) made every config error
-    take seconds.
-    """
-    errors: list[type[Exception]] = [ConfigError, FileExistsError]
-    for module, name in _USER_ERRORS:
-        error = getattr(sys.modules.get(module), name, None)
-        if error is not None:
-            errors.append(error)
-    return tuple(errors)
-
-
 @contextmanager
 def _boundary():
+    """The process boundary: a user-fixable error becomes its one line and exit 2, Ctrl-C exit 130;
+    anything else is a bug and keeps its traceback."""
     try:
         yield
-    except Exception as exc:
-        if isinstance(exc, _user_errors()):
-            _fail(exc)
-        raise
+    except (UserError, FileExistsError) as exc:
+        _fail(exc)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         raise typer.Exit(130) from None
@@ -112,9 +87,9 @@ def solo(config: ConfigOpt = None, set_: SetOpt = None, rounds: RoundsOpt = None
     """Run a node in silo mode: the full RL loop, no network (default: the embedded SmolLM2)."""
     with _boundary():
         cfg = _config(config, set_, **{"run.rounds": rounds, "run.run_dir": run_dir and str(run_dir)})
-        from swarmnode.node import Node
+        from swarmnode.node import run_solo
 
-        Node(cfg).run()
+        run_solo(cfg)
 
 
 @app.command()
@@ -142,32 +117,9 @@ def join(
                 f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "
                 "own. Pass --peers MULTIADDR of a bootstrap node or a member (docs/operators.md)."
             )
-        from swarmnode.node import Node
-        from swarmnode.swarm.exchange import Swarm
+        from swarmnode.node import run_join
 
-        node = Node(cfg)
-        swarm = Swarm(
-            cfg,
-            identity=node.identity,
-            bank=node.bank,
-            policy=node.policy,
-            identity_path=node.identity_path,
-            run_dir=node.run_dir,
-            on_status=lambda status: setattr(node.metrics, "swarm", status),
-        )
-        try:
-            addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
-            typer.echo(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}", err=True)
-            typer.echo(f"reachability: {swarm.transport.reachability_note}", err=True)
-            typer.echo("others can join through this node with:", err=True)
-            for addr in addrs:
-                typer.echo(f"  swarmnode join --peers {addr}", err=True)
-            swarm.wait_for_peers()
-            node.run(
-                exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local)
-            )
-        finally:
-            swarm.shutdown()
+        run_join(cfg)
 
 
 @app.command()

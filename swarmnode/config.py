@@ -8,6 +8,7 @@ config errors answer in well under a second.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from swarmnode.errors import ConfigError
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
+RENAMED_SWARM_KEYS = {"external_per_round": "peer_groups_per_round"}  # old -> new, accepted until 0.3
 
 SAPO_TASKS = (
     "arc_1d",
@@ -220,6 +222,24 @@ class RunConfig(_Strict):
 
 
 class SwarmConfig(_Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Accept keys renamed in 0.2 for one more release, with a line saying what to write instead."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_SWARM_KEYS.items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"swarm.{old} is the old name of swarm.{new}: give only swarm.{new}")
+                warnings.warn(
+                    f"swarm.{old} is deprecated and will be removed in the next release; write swarm.{new}",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+        return data
+
     swarm_id: str = Field("swarmnode-local", min_length=1, max_length=64, description="Swarm namespace.")
     initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of peers to join through.")
     host_maddrs: list[str] = Field(
@@ -241,7 +261,9 @@ class SwarmConfig(_Strict):
         description="Refuse to start without initial peers (a public-network config: alone, the node would "
         "quietly found a swarm of its own).",
     )
-    external_per_round: int = Field(4, ge=0, description="Peer question groups trained on per round (J).")
+    peer_groups_per_round: int = Field(
+        4, ge=0, description="Peer question groups trained on per round (J in SAPO's I local + J peer)."
+    )
     share_logprobs: bool = Field(
         True,
         description="Ship per-token log-probs with shared completions; without them, same-tokenizer "

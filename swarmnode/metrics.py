@@ -94,14 +94,14 @@ class NodeCollector:
             yield _gauge(name, doc, r[key])
         reward = GaugeMetricFamily("swarmnode_reward", "Mean reward of the last round.", labels=["source"])
         reward.add_metric(["local"], r["reward_mean"])
-        reward.add_metric(["external"], r["reward_external_mean"])
+        reward.add_metric(["peer"], r["reward_peer_mean"])
         yield reward
         by_task = GaugeMetricFamily("swarmnode_task_reward", "Mean local reward per task.", labels=["task"])
         for task, value in r["reward_by_task"].items():
             by_task.add_metric([task], value)
         yield by_task
         groups = GaugeMetricFamily("swarmnode_round_groups", "Groups in the last round.", labels=["source"])
-        for source in ("local", "external", "replayed"):
+        for source in ("local", "peer", "replayed"):
             groups.add_metric([source], r[f"groups_{source}"])
         yield groups
         phase = GaugeMetricFamily(

@@ -1,6 +1,7 @@
 """Node lifecycle: set up the parts, resume from the newest valid checkpoint, run rounds, checkpoint.
 
 The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` hook (see rounds.py).
+``run_solo`` and ``run_join`` are the entry points the CLI calls with a loaded config.
 """
 
 from __future__ import annotations
@@ -237,3 +238,41 @@ class Node:
                     self._checkpoint(final=round_ == target)
         finally:
             bar.close()
+
+
+def run_solo(cfg: NodeConfig) -> None:
+    """Silo mode: the full RL loop, no network."""
+    node = Node(cfg)
+    try:
+        node.run()
+    finally:
+        node.close()
+
+
+def run_join(cfg: NodeConfig) -> None:
+    """Join a swarm: start the transport, print how others join through this node, wait for the peers
+    the config asks for, then run rounds that share rollouts. The swarm shuts down on the way out."""
+    from swarmnode.swarm.exchange import Swarm  # hivemind and the network stack only for swarm nodes
+
+    node = Node(cfg)
+    swarm = Swarm(
+        cfg,
+        identity=node.identity,
+        bank=node.bank,
+        policy=node.policy,
+        identity_path=node.identity_path,
+        run_dir=node.run_dir,
+        on_status=lambda status: setattr(node.metrics, "swarm", status),
+    )
+    try:
+        addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
+        log(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}")
+        log(f"reachability: {swarm.transport.reachability_note}")
+        log("others can join through this node with:")
+        for addr in addrs:
+            log(f"  swarmnode join --peers {addr}")
+        swarm.wait_for_peers()
+        node.run(exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local))
+    finally:
+        swarm.shutdown()
+        node.close()

@@ -72,7 +72,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     t0 = time.perf_counter()
     local, sampled_tokens, seconds_score = sample_local(ctx, round_)
     t_sample = time.perf_counter()
-    external = ctx.exchange(round_, local) if ctx.exchange else []
+    peer_groups = ctx.exchange(round_, local) if ctx.exchange else []
     t_share = time.perf_counter()
     replayed = []
     reincarnate_after = ctx.cfg.replay.reincarnate_after
@@ -82,7 +82,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     elif ctx.replay is not None:
         replayed = ctx.replay.sample(ctx.cfg.replay.groups_per_round, ctx.trainer.policy_version)
         ctx.replay.add(local)
-    groups = local + external + replayed
+    groups = local + peer_groups + replayed
     sequences = to_sequences(
         groups,
         ctx.policy.tokenizer,
@@ -104,12 +104,12 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         "policy_version": ctx.trainer.policy_version,
         "reward_mean": _mean(local_rewards),
         "task_score_mean": _mean([s for g in local for s in g.task_scores]),
-        "reward_external_mean": _mean([r for g in external for r in g.rewards]),
+        "reward_peer_mean": _mean([r for g in peer_groups for r in g.rewards]),
         "format_rate": _mean([float(ok) for g in local for ok in g.format_ok]),
         "reward_by_task": {task: _mean(v) for task, v in sorted(per_task.items())},
         "groups_total": len(groups),
         "groups_local": len(local),
-        "groups_external": len(external),
+        "groups_peer": len(peer_groups),
         "groups_replayed": len(replayed),
         "replay_dropped_stale": ctx.replay.dropped_stale if ctx.replay is not None else 0,
         "reincarnated": ctx.trainer.reincarnated,

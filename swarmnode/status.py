@@ -34,7 +34,7 @@ def format_status(status: dict) -> str:
         lines.append(
             f"round {last['round']}  policy v{last['policy_version']}  reward {last['reward_mean']:.3f}  "
             f"format {last['format_rate']:.0%}  groups local {last['groups_local']} / peer "
-            f"{last['groups_external']} (kept {last['groups_kept']})"
+            f"{last['groups_peer']} (kept {last['groups_kept']})"
         )
     swarm = status["swarm"]
     if swarm is None:

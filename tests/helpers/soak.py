@@ -165,7 +165,7 @@ def analyse_node(
         out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
         out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
         out[f"{name}_max"] = max(peaks.values(), default=None)
-    exchanged = sum(1 for r in records if r["round"] in window and r["groups_external"] > 0)
+    exchanged = sum(1 for r in records if r["round"] in window and r["groups_peer"] > 0)
     out["rounds_exchanging"] = exchanged
     out["window_rounds"] = len(window)
     out["max_share_s"] = round(max((r["seconds_share"] for r in records), default=0.0), 2)

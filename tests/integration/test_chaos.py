@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.helpers.chaos import SLACK_S, run_chaos
 from swarmnode import checkpoint
 from tests.helpers import netns
+from tests.helpers.chaos import SLACK_S, run_chaos
 from tests.helpers.checkpoints import save, trained
 from tests.helpers.swarm_procs import NodeProc, start_bootstrap, start_node
 
@@ -144,7 +144,7 @@ def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
         for proc in procs:
             proc.stop()
 
-    shares, c_external = {}, [r["groups_external"] for r in nodes["c"].metrics()]
+    shares, c_peer_groups = {}, [r["groups_peer"] for r in nodes["c"].metrics()]
     for name, node in nodes.items():
         records = node.metrics()
         assert [r["round"] for r in records] == list(range(1, NET_ROUNDS + 1)), node.output()
@@ -156,5 +156,5 @@ def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
         assert nodes["c"].status()["rollouts"]["groups_accepted"] > events["c_accepted_before_restore"]
     print(
         f"\nnetwork chaos: {json.dumps(events)}; seconds_share per round {json.dumps(shares)}; "
-        f"c's peer groups per round {c_external}"
+        f"c's peer groups per round {c_peer_groups}"
     )

@@ -101,7 +101,7 @@ def _args(swarm_id: str, min_peers: int, rounds: int = ROUNDS) -> list[str]:
         "--set", f"swarm.min_peers={min_peers}",
         "--set", f"swarm.share_deadline_s={DEADLINE_S}",
         "--set", "swarm.wait_for_peers_s=180",
-        "--set", "swarm.external_per_round=4",
+        "--set", "swarm.peer_groups_per_round=4",
     ]  # fmt: skip
 
 
@@ -219,7 +219,7 @@ def test_honest_node_finished_every_round_on_time_and_trained_on_nothing_hostile
     assert {b["peer"] for b in status["bans"]} == {attacked.peers[a] for a, e in ATTACKS.items() if e.ban}
 
     # what was trained on: exactly the replay control batch's two groups, once, and nothing else
-    assert sum(r["groups_external"] for r in attacked.metrics) == len(attacked.trained) == 2
+    assert sum(r["groups_peer"] for r in attacked.metrics) == len(attacked.trained) == 2
     assert status["rollouts"]["groups_trained"] == 2
     assert {line["producer"] for line in attacked.trained} == {attacked.peers["replay"]}
     assert all(_task_index(line) > HOSTILE_INDEX_BASE for line in attacked.trained)
@@ -261,7 +261,7 @@ def test_sigkill_mid_transfer_neither_crashes_nor_stalls_the_others(tmp_path):
         assert status["rejected"] == {}, status  # the cut transfer never reached the verifier
         assert slow_peer in status["peers"]
         # the honest nodes kept exchanging with each other and trained on each other's groups
-        assert status["rollouts"]["groups_accepted"] >= 1 and sum(r["groups_external"] for r in records) >= 1
+        assert status["rollouts"]["groups_accepted"] >= 1 and sum(r["groups_peer"] for r in records) >= 1
         for reason, count in status["fetch_failures"].items():
             failures[reason] = failures.get(reason, 0) + count
     # at least one pull from the killed peer was cut (stream closed, or unanswered until its deadline)

@@ -327,7 +327,7 @@ def _swarm_args(swarm_id: str) -> list[str]:
         "--set", "swarm.min_peers=1",
         "--set", "swarm.share_deadline_s=3",
         "--set", "swarm.wait_for_peers_s=60",
-        "--set", "swarm.external_per_round=4",
+        "--set", "swarm.peer_groups_per_round=4",
     ]  # fmt: skip
 
 

@@ -71,7 +71,7 @@ def test_nodes_meet_through_a_bootstrap_and_a_firewalled_node_takes_part(tmp_pat
                 status = statuses[name]
                 assert status["rejected"] == {}, status
                 assert status["rollouts"]["groups_trained"] >= 1, node.output()
-                assert sum(r["groups_external"] for r in node.metrics()) >= 1
+                assert sum(r["groups_peer"] for r in node.metrics()) >= 1
     finally:
         for proc in procs:
             proc.stop()

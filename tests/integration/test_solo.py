@@ -112,7 +112,7 @@ def test_three_rounds_leave_checkpoints_metrics_and_one_line_per_round(three_rou
         assert r["sample_tokens_per_s"] > 0 and r["sampled_tokens"] > 0
         assert r["seconds_total"] >= r["seconds_sample"] + r["seconds_train"] > 0
         assert set(r["reward_by_task"]) <= {"propositional_logic", "basic_arithmetic"}
-        assert r["groups_local"] == r["groups_total"] == 4 and r["groups_external"] == 0
+        assert r["groups_local"] == r["groups_total"] == 4 and r["groups_peer"] == 0
     assert sum(r["train_sequences"] for r in records) > 0  # the tiny config really trains
 
     lines = proc.stderr.splitlines()

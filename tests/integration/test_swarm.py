@@ -19,7 +19,7 @@ def _args(family: str, swarm_id: str) -> list[str]:
         "--set", "swarm.min_peers=2",
         "--set", f"swarm.share_deadline_s={DEADLINE_S}",
         "--set", "swarm.wait_for_peers_s=90",
-        "--set", "swarm.external_per_round=4",
+        "--set", "swarm.peer_groups_per_round=4",
     ]  # fmt: skip
 
 
@@ -47,7 +47,7 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
         records = node.metrics()
         assert [r["round"] for r in records] == [1, 2, 3], node.output()
         # every node trained on at least one peer group
-        assert sum(r["groups_external"] for r in records) >= 1, node.output()
+        assert sum(r["groups_peer"] for r in records) >= 1, node.output()
         # no round waited for peers past its deadline
         assert max(r["seconds_share"] for r in records) <= DEADLINE_S + SLACK_S
         status = node.status()

@@ -155,3 +155,14 @@ def test_help_lists_the_commands() -> None:
         [sys.executable, "-m", "swarmnode.cli", "solo", "--help"], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0 and "--set" in proc.stdout and "--run-dir" in proc.stdout
+
+
+def test_the_old_name_of_peer_groups_per_round_still_works_with_a_deprecation_line():
+    with pytest.warns(FutureWarning, match="swarm.external_per_round is deprecated.*swarm.peer_groups_per_round"):
+        cfg = load_config(None, {"swarm.external_per_round": 2})
+    assert cfg.swarm.peer_groups_per_round == 2
+
+
+def test_old_and_new_name_together_is_an_error_naming_both():
+    with pytest.raises(ConfigError, match="external_per_round.*peer_groups_per_round"):
+        load_config(None, {"swarm.external_per_round": 2, "swarm.peer_groups_per_round": 3})
