@@ -11,6 +11,14 @@ instead, i.e. ``Random(seed * 2**31 + index)``: distinct for every (seed, index)
 0 <= index < 2**31, so node streams and the held-out eval stream never share a question. Datasets are
 built per chunk of ``_CHUNK`` indices because some reasoning-gym datasets (e.g. list_functions,
 gsm_symbolic) precompute ``size`` entries at construction: a huge ``size`` would exhaust memory.
+
+Scoring peers' text: a swarm node scores completions written by anyone, so only datasets in
+``AUDITED_DATASETS`` may be in a swarm node's mix (``swarmnode.swarm.verify`` refuses the rest). Each
+has an answer length cap (``answer_char_limit``): a longer answer scores 0 without reaching the
+dataset's scorer, and ``tests/unit/test_scorer_audit.py`` runs every audited scorer on adversarial
+answers at its cap within a CPU-time and memory bound. propositional_logic's scorer rewards any valid
+conclusion, so restating, AND-ing or weakening the premises won full reward: ``_restates_premises``
+scores such answers (and tautologies) like a wrong one (``TRIVIAL_CONCLUSION_SCORE``).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
-from swarmnode.config import TasksConfig
+from swarmnode.config import SAPO_TASKS, TasksConfig
 from swarmnode.errors import TaskError
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 
@@ -54,6 +62,53 @@ for _module in ("algorithmic.binary_matrix", "algorithmic.spiral_matrix", "algor
 CODE_EVAL_SCORERS = frozenset(
     {"countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"}
 )
+
+# Datasets whose scorers were audited for cost and gaming on untrusted answers, with each one's answer
+# length cap in characters (at least twice the longest reference answer of its default config; the
+# audit test checks both). Add a dataset only together with its audit run.
+AUDITED_ANSWER_CHARS = {
+    "arc_1d": 256,
+    "basic_arithmetic": 64,
+    "base_conversion": 64,
+    "bf": 64,
+    "binary_matrix": 512,
+    "calendar_arithmetic": 64,
+    "decimal_arithmetic": 64,
+    "fraction_simplification": 64,
+    "propositional_logic": 64,  # its parser is quadratic in the answer: 128 chars cost ~20 ms
+}
+AUDITED_DATASETS = frozenset(AUDITED_ANSWER_CHARS)
+assert AUDITED_DATASETS >= set(SAPO_TASKS)
+UNAUDITED_ANSWER_CHARS = 16 * 1024  # other datasets (solo only: scored on this node's own text)
+TRIVIAL_CONCLUSION_SCORE = 0.05  # reasoning-gym's score for a parseable conclusion that does not follow
+_ANSWER_CHECK_ITEMS = 8  # items whose reference answers must fit the cap when the bank starts
+
+
+def answer_char_limit(dataset: str) -> int:
+    """The longest answer (characters) the scorer of ``dataset`` is given; longer ones score 0."""
+    return AUDITED_ANSWER_CHARS.get(dataset, UNAUDITED_ANSWER_CHARS)
+
+
+def _restates_premises(dataset: ProceduralDataset, answer: str, entry: dict[str, Any]) -> bool:
+    """Whether a valid propositional_logic conclusion says nothing the premises did not say as given:
+    a tautology, a consequence of one premise alone (restating or weakening it), or equivalent to the
+    conjunction of the premises it implies (AND-ing premises). Truth tables over the item's variables
+    (at most a few; the answer may only use those, and its length is capped)."""
+    from reasoning_gym.logic.propositional_logic import Expression
+
+    premises = [Expression.from_string(p) for p in entry["metadata"]["premises"]]
+    conclusion = Expression.from_string(answer)
+    variables = dataset._collect_variables([*premises, conclusion])
+    rows = [
+        (tuple(bool(p.evaluate(a)) for p in premises), bool(conclusion.evaluate(a)))
+        for a in dataset._generate_assignments(variables)
+    ]
+    if all(c for _, c in rows):
+        return True
+    if any(all(c for ps, c in rows if ps[i]) for i in range(len(premises))):
+        return True
+    implied = [i for i in range(len(premises)) if all(ps[i] for ps, c in rows if c)]
+    return all(c for ps, c in rows if all(ps[i] for i in implied))
 
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
@@ -132,6 +187,18 @@ class TaskBank:
             except Exception as exc:
                 reason = str(exc) or type(exc).__name__
                 raise TaskError(f"{field}.config: {reason}") from exc
+            self._check_answer_lengths(name, spec.config, field)
+
+    def _check_answer_lengths(self, name: str, config: dict[str, Any], field: str) -> None:
+        """Refuse a config whose right answers would be cut by the dataset's answer cap."""
+        limit = answer_char_limit(name)
+        for index in range(_ANSWER_CHECK_ITEMS):
+            answer = self.question(TaskRef.make(name, self.seed, index, config)).answer
+            if answer is not None and len(answer) > limit:
+                raise TaskError(
+                    f"{field}.config: its answers run to {len(answer)} characters, over the {limit} that "
+                    f"{name}'s scorer is audited for; choose a config with shorter answers"
+                )
 
     def draw(self, round: int, count: int, *, seed: int | None = None) -> list[TaskRef]:
         """``count`` refs for ``round``: datasets by weight, index ``round * count + j`` (fresh each round).
@@ -199,8 +266,18 @@ class TaskBank:
         return task_score + self.tasks.format_reward * format_ok, task_score, format_ok
 
     def _task_score(self, question: Question, answer: str) -> float:
+        dataset_name = question.ref.dataset
+        if len(answer) > answer_char_limit(dataset_name):
+            return 0.0
         try:
-            value = float(self._dataset(question.ref).score_answer(answer, question.entry))
+            dataset = self._dataset(question.ref)
+            value = float(dataset.score_answer(answer, question.entry))
+            if (
+                dataset_name == "propositional_logic"
+                and value > TRIVIAL_CONCLUSION_SCORE
+                and _restates_premises(dataset, answer, question.entry)
+            ):
+                value = TRIVIAL_CONCLUSION_SCORE
         except Exception:
             return 0.0
         return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0

@@ -10,6 +10,7 @@ from swarmnode.errors import TaskError
 from swarmnode.prompts import DEFAULT_SYSTEM_PROMPT, prompt_messages
 from swarmnode.rollouts import TaskRef
 from swarmnode.tasks import Question, TaskBank, extract_answer
+from tests.helpers.oracles import oracle
 
 ADDITION = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
 
@@ -17,15 +18,6 @@ ADDITION = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
 @pytest.fixture(scope="module")
 def bank() -> TaskBank:
     return TaskBank(TasksConfig(format_reward=0.25))
-
-
-def oracle(question: Question) -> str:
-    """A genuinely correct answer. propositional_logic has answer=None and accepts any non-trivial
-    conclusion that follows from the premises: their conjunction does (its metadata's example_answer is
-    sometimes a fallback that does not follow)."""
-    if question.answer is not None:
-        return question.answer
-    return " ∧ ".join(f"({premise})" for premise in question.entry["metadata"]["premises"])
 
 
 def wire(ref: TaskRef) -> TaskRef:
@@ -67,11 +59,44 @@ def test_seeds_and_chunks_never_share_an_item(bank: TaskBank) -> None:
 
 @pytest.mark.parametrize("name", SAPO_TASKS)
 def test_oracle_scores_one_and_empty_scores_zero(bank: TaskBank, name: str) -> None:
-    for ref in bank.eval_refs(per_task=4)[name]:
+    answered = 0
+    for ref in bank.eval_refs(per_task=8)[name]:
         question = bank.question(ref)
-        assert bank.score(question, f"<answer>{oracle(question)}</answer>") == (1.25, 1.0, True)
+        answer = oracle(question, bank)
+        if answer is None:  # propositional_logic items whose every consequence restates a premise
+            continue
+        answered += 1
+        assert bank.score(question, f"<answer>{answer}</answer>") == (1.25, 1.0, True)
         assert bank.score(question, "<answer></answer>") == (0.25, 0.0, True)
         assert bank.score(question, "") == (0.0, 0.0, False)
+    assert answered >= 3
+
+
+def _logic_question(bank: TaskBank, premises: list[str], variables: list[str]) -> Question:
+    """A real propositional_logic question with its premises replaced (scoring reads only metadata)."""
+    question = bank.question(TaskRef.make("propositional_logic", 0, 0))
+    metadata = {**question.entry["metadata"], "premises": premises, "variables": variables}
+    return Question(question.ref, question.text, None, {**question.entry, "metadata": metadata})
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ["P", "(P → Q)", "(P ∧ P)", "((P → Q) ∧ P)", "(P ∧ (P → Q))", "(P ∧ Q)", "(P ∨ Q)", "¬¬P",
+     "(P ∨ ¬P)", "((((Q ∨ ¬Q))))"],
+)  # fmt: skip
+def test_propositional_logic_restating_premises_earns_nothing(bank: TaskBank, answer: str) -> None:
+    """reasoning-gym scores any valid conclusion 1.0, so restating a premise, AND-ing the premises or
+    weakening one (P ∨ Q from P) won full reward, and tautologies 0.25: a learner would learn to copy."""
+    question = _logic_question(bank, ["(P → Q)", "P"], ["P", "Q"])
+    assert bank.score(question, f"<answer>{answer}</answer>")[1] <= 0.05
+
+
+def test_propositional_logic_a_real_derivation_earns_full_reward(bank: TaskBank) -> None:
+    question = _logic_question(bank, ["(P → Q)", "P", "(Q → R)"], ["P", "Q", "R"])
+    for answer in ("(Q ∧ R)", "(R ∧ P)", "(R ∨ R)"):  # modus ponens, twice: needs two premises or more
+        assert bank.score(question, f"<answer>{answer}</answer>")[1] == 1.0
+    assert bank.score(question, "<answer>R</answer>")[1] == 0.25  # reasoning-gym's score for a bare atom
+    assert bank.score(question, "<answer>¬R</answer>")[1] == 0.05  # does not follow: reasoning-gym's 0.05
 
 
 def test_format_reward_only_with_tags(bank: TaskBank) -> None:
