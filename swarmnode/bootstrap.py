@@ -9,15 +9,21 @@ it too.
 
 Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
 it stores for the DHT, libp2p connections, and the process collector. SIGINT and SIGTERM stop it cleanly:
-the DHT process and p2pd are shut down before it exits.
+the DHT process and p2pd are shut down before it exits, with status 130 after Ctrl-C (a shell's convention)
+and 0 after SIGTERM (what systemd and ``docker stop`` count as a clean stop; exit 143 would mark the unit
+failed). The DHT process runs in its own process group, so a terminal's Ctrl-C, which signals the whole
+foreground group, reaches only this process: p2pd would otherwise die of it before its orderly shutdown and
+log ``use of closed network connection``.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
@@ -69,8 +75,34 @@ class BootstrapCollector:
         return {"status": "ok", "role": "bootstrap", "uptime_s": round(time.time() - self.started, 1)}
 
 
-def run_bootstrap(cfg: NodeConfig) -> None:
-    """Run until SIGINT or SIGTERM; print how to join, then a status line every report period."""
+_detach_forks = False  # True while run_bootstrap starts the DHT process (see _forks_in_own_group)
+_fork_hook_registered = False
+
+
+def _setpgid_in_child() -> None:
+    if _detach_forks:
+        os.setpgid(0, 0)
+
+
+@contextmanager
+def _forks_in_own_group() -> Iterator[None]:
+    """Processes forked inside (hivemind's DHT process, and p2pd, which it starts) lead a process group of
+    their own instead of joining the terminal's foreground group. They still end with this process: it shuts
+    them down, and the DHT process exits by itself when its parent dies (swarm.daemon)."""
+    global _detach_forks, _fork_hook_registered
+    if not _fork_hook_registered:  # os.register_at_fork cannot be undone: register once, switch by flag
+        os.register_at_fork(after_in_child=_setpgid_in_child)
+        _fork_hook_registered = True
+    _detach_forks = True
+    try:
+        yield
+    finally:
+        _detach_forks = False
+
+
+def run_bootstrap(cfg: NodeConfig) -> int:
+    """Run until SIGINT or SIGTERM; print how to join, then a status line every report period.
+    Returns the exit status: 130 after SIGINT, 0 after SIGTERM."""
     boot = cfg.bootstrap
     identity, created = load_or_create(boot.identity_path)
     if created:
@@ -80,14 +112,21 @@ def run_bootstrap(cfg: NodeConfig) -> None:
     )
     transport = Transport(boot.identity_path, swarm, must_reach_initial_peers=False)
     stop = threading.Event()
+    received: list[int] = []
     previous: dict = {}
     server = None
+
+    def on_signal(signum: int, _frame) -> None:
+        received.append(signum)
+        stop.set()
+
     try:
-        addrs = transport.start()
+        with _forks_in_own_group():
+            addrs = transport.start()
         # only now: the DHT process is forked in start() and must keep the default SIGTERM, which is how
         # hivemind ends it when it does not stop in time
         for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+            previous[sig] = signal.signal(sig, on_signal)
         collector = BootstrapCollector(identity.peer_id, transport)
         if boot.metrics_port is not None:
             server = MetricsServer(collector, boot.metrics_host, boot.metrics_port)
@@ -103,6 +142,7 @@ def run_bootstrap(cfg: NodeConfig) -> None:
                 f"records {dht.get('stored_records', '?')}"
             )
         log("stopping the bootstrap node")
+        return 130 if received[0] == signal.SIGINT else 0
     finally:
         if server is not None:
             server.close()
