@@ -23,12 +23,18 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: typer's rich panels show flags as `--watch <bool>`
 )
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (see node_configs/).")]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override any config field: --set train.lr=1e-5 (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="FIELD=VALUE",
+        help="Override any config field: --set train.lr=1e-5 (repeatable).",
+    ),
 ]
 RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="Total rounds to run (run.rounds).")]
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (run.run_dir).")]
