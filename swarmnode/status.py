@@ -1,11 +1,14 @@
 """``swarmnode status``: a node's view of itself and its swarm, read from its run folder.
 
 A running node rewrites ``status.json`` every round and appends to ``metrics.jsonl``; reading files
-keeps ``status`` independent of the node's process (it works after a crash too).
+keeps ``status`` independent of the node's process (it works after a crash too). Whether a node is running
+is read from the run folder's lock (``LOCK_FILE``), an flock a node holds for the life of its process: a
+stopped or crashed node holds none, and ``status`` then says so and how old its data is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -13,9 +16,30 @@ from pathlib import Path
 from swarmnode.errors import StatusError
 from swarmnode.runlog import RunLog
 
+LOCK_FILE = ".lock"  # in the run folder; node.py holds an flock on it and writes "pid N" into it
+
+
+def lock_holder(run_dir: Path) -> str | None:
+    """What the lock file says ("pid N") while a node holds its flock, else None (no node running).
+
+    The check takes the lock for an instant: a node starting in that instant is refused as if another ran.
+    """
+    try:
+        handle = (run_dir / LOCK_FILE).open()
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "a running process"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
 
 def read_status(run_dir: Path) -> dict:
-    records = RunLog(run_dir).records()
+    log = RunLog(run_dir)
+    records = log.records()
     swarm = None
     path = run_dir / "status.json"
     if path.exists():
@@ -24,11 +48,34 @@ def read_status(run_dir: Path) -> dict:
         raise StatusError(
             f"{run_dir}: no metrics.jsonl or status.json yet (is a node running with --run-dir {run_dir}?)"
         )
-    return {"last_round": records[-1] if records else None, "swarm": swarm}
+    times = [swarm["updated"]] if swarm else []
+    if records:
+        times.append(log.path.stat().st_mtime)
+    return {
+        "last_round": records[-1] if records else None,
+        "swarm": swarm,
+        "running": lock_holder(run_dir),
+        "data_time": max(times),
+    }
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h ago"
+    return f"{seconds / 86400:.0f} days ago"
 
 
 def format_status(status: dict) -> str:
-    lines = []
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["data_time"]))
+    age = _ago(time.time() - status["data_time"])
+    if status["running"] is None:
+        lines = [f"node not running: its last data below dates from {when} ({age})"]
+    else:
+        lines = [f"node running ({status['running']}), data from {when} ({age})"]
     last = status["last_round"]
     if last is not None:
         lines.append(
