@@ -30,6 +30,7 @@ from swarmnode.policy import load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
+from swarmnode.status import LOCK_FILE
 from swarmnode.tasks import TaskBank
 
 
@@ -38,7 +39,7 @@ def _lock_run_dir(run_dir: Path):
 
     The lock is an flock held for the life of the process, so a crashed node never leaves it behind.
     """
-    handle = (run_dir / ".lock").open("a+")
+    handle = (run_dir / LOCK_FILE).open("a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
