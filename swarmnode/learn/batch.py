@@ -1,14 +1,22 @@
 """Turning rollout groups into padded token batches for the learner.
 
 Every sequence is (prompt tokens, completion tokens) in the *learner's* tokenizer. Local completions
-keep the exact sampled token ids (and their behaviour log-probs); completions from a peer on another
-tokenizer arrive as text and are re-tokenized here, so they have no usable behaviour log-probs.
+keep the exact sampled token ids (and their behaviour log-probs). A peer's completion is always
+re-tokenized from its text, the text the verifier scored, whatever ids the peer sent: its log-probs are
+kept only on the common prefix of its ids and ours (NaN after it: unknown, neutral in ``offpolicy``).
+So a peer cannot make the learner push up a token sequence other than the scored text, nor hand it an
+id outside the vocabulary. A peer group whose completions re-tokenize longer than
+``PEER_TOKEN_FACTOR`` x this node's ``max_new_tokens`` (+1 for EOS) is dropped, which bounds one peer
+group's token weight in the loss relative to a local group's; so is a peer group whose conversion
+raises (logged): peer data never ends a round.
 Micro-batches are packed by a padded-token budget after sorting by length, so activation memory is
 bounded by ``token_budget`` rather than by the number of completions, and padding stays low.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +24,11 @@ import torch
 
 from swarmnode.learn.grpo import group_advantages
 from swarmnode.prompts import encode_prompt
-from swarmnode.rollouts import RolloutGroup
+from swarmnode.rollouts import Completion, RolloutGroup
+
+log = logging.getLogger(__name__)
+
+PEER_TOKEN_FACTOR = 2  # a peer completion may re-tokenize to this many times our max_new_tokens (+EOS)
 
 
 @dataclass(frozen=True)
@@ -39,26 +51,74 @@ def to_sequences(
     *,
     scale_advantages: bool,
     system_prompt: str | None = None,
+    max_new_tokens: int | None = None,
 ) -> list[TrainSequence]:
-    """One TrainSequence per completion of every informative group (zero-advantage groups dropped)."""
+    """One TrainSequence per completion of every informative group (zero-advantage groups dropped).
+
+    ``max_new_tokens`` (this node's sampling cap) bounds peer completions (module docstring); None: no
+    bound. Errors in a local group propagate; a peer group that fails is dropped and logged.
+    """
     sequences = []
+    limit = None if max_new_tokens is None else PEER_TOKEN_FACTOR * max_new_tokens + 1
     for group in groups:
         if not group.informative:
             continue
-        prompt = tuple(encode_prompt(tokenizer, group.question, system_prompt))
-        advantages = group_advantages(torch.tensor(group.rewards, dtype=torch.float64), scale_advantages)
-        same_tokenizer = group.provenance.tokenizer_fingerprint == tokenizer_fingerprint
-        for completion, adv in zip(group.completions, advantages.tolist(), strict=True):
-            if same_tokenizer and completion.token_ids is not None:
-                ids, logprobs = completion.token_ids, completion.logprobs
-            else:
-                ids = tuple(tokenizer(completion.text, add_special_tokens=False)["input_ids"])
-                if completion.finished and tokenizer.eos_token_id is not None:
-                    ids += (tokenizer.eos_token_id,)
-                logprobs = None
-            if ids:
-                sequences.append(TrainSequence(prompt, tuple(ids), adv, logprobs, group))
+        if group.provenance.source == "local":
+            sequences += _group_sequences(
+                group, tokenizer, tokenizer_fingerprint, scale_advantages, system_prompt
+            )
+            continue
+        try:
+            converted = _group_sequences(
+                group, tokenizer, tokenizer_fingerprint, scale_advantages, system_prompt
+            )
+        except Exception as exc:  # noqa: BLE001 - peer data must never end the round
+            log.warning("dropped a group from peer %.16s: %s", group.provenance.producer, type(exc).__name__)
+            continue
+        if limit is not None and any(len(s.completion_ids) > limit for s in converted):
+            log.debug(
+                "dropped a group from peer %.16s: completions over %d tokens",
+                group.provenance.producer,
+                limit,
+            )
+            continue
+        sequences += converted
     return sequences
+
+
+def _group_sequences(
+    group: RolloutGroup, tokenizer, fingerprint: str, scale_advantages: bool, system_prompt: str | None
+) -> list[TrainSequence]:
+    prompt = tuple(encode_prompt(tokenizer, group.question, system_prompt))
+    advantages = group_advantages(torch.tensor(group.rewards, dtype=torch.float64), scale_advantages)
+    same_tokenizer = group.provenance.tokenizer_fingerprint == fingerprint
+    local = group.provenance.source == "local"
+    out = []
+    for completion, adv in zip(group.completions, advantages.tolist(), strict=True):
+        if local and same_tokenizer and completion.token_ids is not None:
+            ids, logprobs = tuple(completion.token_ids), completion.logprobs
+        else:
+            ids = tuple(tokenizer(completion.text, add_special_tokens=False)["input_ids"])
+            if completion.finished and tokenizer.eos_token_id is not None:
+                ids += (tokenizer.eos_token_id,)
+            logprobs = _agreeing_logprobs(completion, ids) if same_tokenizer and not local else None
+        if ids:
+            out.append(TrainSequence(prompt, ids, adv, logprobs, group))
+    return out
+
+
+def _agreeing_logprobs(completion: Completion, ids: tuple[int, ...]) -> tuple[float, ...] | None:
+    """The peer's log-probs on the common prefix of its ids and ``ids`` (ours), NaN after; None if the
+    prefix is empty or the peer sent none."""
+    theirs, logprobs = completion.token_ids, completion.logprobs
+    if theirs is None or logprobs is None or len(logprobs) != len(theirs):
+        return None
+    n = 0
+    for a, b in zip(theirs, ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return tuple(logprobs[:n]) + (math.nan,) * (len(ids) - n) if n else None
 
 
 def microbatches(sequences: Sequence[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:

@@ -24,9 +24,13 @@ Where a mode needs mu but a token has none, mu := pi_old there: the ratio is 1 a
 as plain GRPO. On exactly on-policy data (mu == pi_old == pi_theta) every mode is plain GRPO.
 
 Trust: peers' behaviour log-probs are untrusted. They pass through ``sanitize_behaviour_logp`` (clamped
-to [floor, 0], NaN -> floor) and then enter the loss only through truncation (``tis``: weight <= C) or
-masking (``icepop``: weight in [alpha, beta] or the token is dropped). ``none`` and ``luffy`` ignore
-them; ``remix`` uses mu unbounded and must only be given the node's own replayed rollouts.
+to [floor, 0]) and then enter the loss only through truncation (``tis``: weight <= C) or masking
+(``icepop``: weight in [alpha, beta] or the token is dropped); with ``trusted=False`` (peer data) every
+token weight is further capped at ``UNTRUSTED_WEIGHT_CAP`` = 1, so a claim can lower a peer token's
+weight but never raise it above a local token's. A NaN log-prob means "unknown" (e.g. after the point
+where a peer's ids and the learner's re-tokenization part ways): the token is treated as having none,
+ratio 1. ``none`` and ``luffy`` ignore them; ``remix`` uses mu unbounded and must only be given the
+node's own replayed rollouts.
 
 How the trainer uses this, per round:
 1. compute ``old_logp`` for every micro-batch *before* the update (needed even with one update per
@@ -55,6 +59,7 @@ ICEPOP_LOW = 0.5  # alpha: tokens with pi_old/mu below this leave the loss
 ICEPOP_HIGH = 5.0  # beta: tokens with pi_old/mu above this leave the loss
 LUFFY_GAMMA = 0.1  # gamma in the shaping f(p) = p / (p + gamma)
 BEHAVIOUR_LOGP_FLOOR = -20.0  # lowest behaviour log-prob believed (mu >= 2e-9)
+UNTRUSTED_WEIGHT_CAP = 1.0  # largest token weight for data whose behaviour log-probs are a peer's claim
 
 # ----------------------------------------------------------------------------------------------------
 # Behaviour log-probs
@@ -63,12 +68,12 @@ BEHAVIOUR_LOGP_FLOOR = -20.0  # lowest behaviour log-prob believed (mu >= 2e-9)
 def sanitize_behaviour_logp(
     logp: torch.Tensor, has_behaviour: torch.Tensor, *, floor: float = BEHAVIOUR_LOGP_FLOOR
 ) -> torch.Tensor:
-    """Clamp claimed log-probs to [floor, 0]: +inf and positive values -> 0 (mu = 1), -inf and NaN -> floor.
+    """Clamp claimed log-probs to [floor, 0]: +inf and positive values -> 0 (mu = 1), -inf -> floor.
 
-    A NaN becomes the floor (mu ~ 0, the most extreme claim), so it gets the most conservative treatment
-    each mode offers: ``icepop`` masks the token (pi_old/mu > beta), ``tis`` truncates its weight to C.
-    Positions without behaviour log-probs are returned as 0 (the batching convention); they are never
-    used as mu. Untrusted values are only ever used through truncation or masking (module docstring).
+    NaN means unknown: ``correction_for`` treats such a token as having no behaviour log-prob (ratio 1);
+    here it becomes the floor only so that the tensor stays finite. Positions without behaviour
+    log-probs are returned as 0 (the batching convention); they are never used as mu. Untrusted values
+    are only ever used through truncation or masking (module docstring).
     """
     clean = torch.nan_to_num(logp.detach(), nan=floor, posinf=0.0, neginf=floor).clamp(floor, 0.0)
     return torch.where(has_behaviour.bool(), clean, torch.zeros_like(clean))
@@ -285,11 +290,13 @@ def correction_for(
     icepop_high: float = ICEPOP_HIGH,
     luffy_gamma: float = LUFFY_GAMMA,
     floor: float = BEHAVIOUR_LOGP_FLOOR,
+    trusted: bool = True,
 ) -> Correction:
     """Token weights, mask and diagnostics of ``mode`` for one micro-batch (all inputs [B, T]).
 
-    ``behaviour_logp``/``has_behaviour`` are ``PaddedBatch``'s; they are sanitized here. ``mask`` is the
-    completion mask. Diagnostics (floats):
+    ``behaviour_logp``/``has_behaviour`` are ``PaddedBatch``'s; they are sanitized here (NaN: none).
+    ``mask`` is the completion mask. ``trusted=False`` (peers' data): token weights are capped at
+    ``UNTRUSTED_WEIGHT_CAP``. Diagnostics (floats):
     - ``tokens``: completion tokens; ``kept_tokens``: those still counted after masking;
     - ``behaviour_frac``: share of tokens with behaviour log-probs;
     - ``ratio_mean``/``ratio_max``: raw pi_old/mu over tokens with behaviour log-probs (1 if none);
@@ -309,7 +316,7 @@ def correction_for(
         )
     old_logp = old_logp.detach()
     valid = mask.bool()
-    usable = valid & has_behaviour.bool()
+    usable = valid & has_behaviour.bool() & ~torch.isnan(behaviour_logp)
     mu = sanitize_behaviour_logp(behaviour_logp.to(old_logp.dtype), usable, floor=floor)
     mu = torch.where(usable, mu, old_logp)  # no behaviour log-prob: mu := pi_old, ratio 1
     ratio = importance_ratio(old_logp, mu, usable)
@@ -334,6 +341,9 @@ def correction_for(
     elif mode == "luffy":
         shaped = valid & ~has_behaviour.bool()
         effective = torch.where(shaped, luffy_token_weight(old_logp, luffy_gamma), effective)
+    if not trusted and token_weight is not None:
+        token_weight = token_weight.clamp(max=UNTRUSTED_WEIGHT_CAP)
+        effective = token_weight
 
     kept_w = effective.detach().double()[keep]
     raw = ratio.double()[usable]

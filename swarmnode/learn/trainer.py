@@ -111,8 +111,9 @@ class Trainer:
         self.policy_version = 0
         self.reincarnated = False
 
-    def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, PaddedBatch]]:
-        """(correction mode, padded micro-batch) pairs; each micro-batch holds one source."""
+    def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, bool, PaddedBatch]]:
+        """(correction mode, trusted, padded micro-batch); each micro-batch holds one source. Peers' data
+        is not trusted: its importance weights are capped at 1 (``offpolicy.UNTRUSTED_WEIGHT_CAP``)."""
         modes = {
             "local": self.offpolicy.local,
             "peer": self.offpolicy.peer,
@@ -122,7 +123,7 @@ class Trainer:
         for source, mode in modes.items():
             part = [s for s in sequences if source_of(s) == source]
             for mb in microbatches(part, self.cfg.token_budget):
-                batches.append((mode, pad_batch(mb, self.pad_id, self.device)))
+                batches.append((mode, source == "local", pad_batch(mb, self.pad_id, self.device)))
         return batches
 
     def step(self, sequences: Sequence[TrainSequence]) -> StepStats:
@@ -141,7 +142,7 @@ class Trainer:
             lam = remix_kl_coef(self.policy_version) if self.cfg.kl_convex else 1.0
             self.optimizer.zero_grad(set_to_none=True)
             totals = UpdateTotals()
-            for i, (mode, batch) in enumerate(batches):
+            for i, (mode, trusted, batch) in enumerate(batches):
                 logp = completion_logprobs(self.model, batch, self.temperature, self.autocast)
                 old = old_logps[i] if old_logps is not None else logp.detach()
                 correction = correction_for(
@@ -154,6 +155,7 @@ class Trainer:
                     icepop_low=off.icepop_low,
                     icepop_high=off.icepop_high,
                     luffy_gamma=off.luffy_gamma,
+                    trusted=trusted,
                 )
                 terms = corrected_loss(
                     correction,
@@ -223,6 +225,6 @@ class Trainer:
     def _frozen_logprobs(self, model, batches) -> list[torch.Tensor]:
         was_training = model.training
         model.eval()
-        out = [completion_logprobs(model, b, self.temperature, self.autocast) for _, b in batches]
+        out = [completion_logprobs(model, b, self.temperature, self.autocast) for _, _, b in batches]
         model.train(was_training)
         return out

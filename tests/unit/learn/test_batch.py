@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from swarmnode.config import ModelConfig, TinyModelConfig
-from swarmnode.learn.batch import TrainSequence, microbatches, pad_batch, to_sequences
+from swarmnode.learn.batch import PEER_TOKEN_FACTOR, TrainSequence, microbatches, pad_batch, to_sequences
 from swarmnode.policy import Policy, load_policy
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
@@ -145,3 +147,93 @@ def test_pad_batch_left_pads_with_completions_at_the_tail() -> None:
             assert batch.has_behaviour[row].tolist() == batch.completion_mask[row].tolist()
             assert batch.behaviour_logp[row, 4 - c :].tolist() == pytest.approx(seq.behaviour_logprobs)
     assert batch.advantages.tolist() == [0.5, 1.0, 0.25]
+
+
+# --- peer groups: the learner trains only on ids it derived from the scored text ------------------------
+
+
+def peer_group(
+    rewards: tuple[float, ...], completions: tuple[Completion, ...], fingerprint: str
+) -> RolloutGroup:
+    return replace(
+        group(rewards, completions, fingerprint),
+        provenance=Provenance("peer", "peer-b", 0, 1, "tiny", fingerprint),
+    )
+
+
+def ours(policy: Policy, text: str, finished: bool = True) -> tuple[int, ...]:
+    tok = policy.tokenizer
+    ids = tuple(tok(text, add_special_tokens=False)["input_ids"])
+    return ids + (tok.eos_token_id,) if finished else ids
+
+
+def test_a_peer_with_our_fingerprint_and_forged_ids_trains_none_of_its_ids(llama: Policy) -> None:
+    """The text is what was scored; ids that do not spell it must never be what the learner pushes up."""
+    fp = llama.tokenizer_fingerprint
+    texts = ["<answer>5</answer>", "no idea"]
+    forged = tuple(
+        Completion(t, (7, 7, 7, 7), (-0.1, -0.1, -0.1, -0.1), True) for t in texts
+    )  # the peer copied our fingerprint from our roster card
+    seqs = to_sequences([peer_group((1.0, 0.0), forged, fp)], llama.tokenizer, fp, scale_advantages=True)
+    assert [s.completion_ids for s in seqs] == [ours(llama, t) for t in texts]
+    assert all(s.behaviour_logprobs is None for s in seqs)  # no id in common: no claimed log-prob used
+
+
+def test_out_of_vocabulary_peer_ids_never_reach_the_model(llama: Policy) -> None:
+    fp = llama.tokenizer_fingerprint
+    bad = tuple(Completion(t, (0xFFFFFFFF, 3), (-0.5, -0.5), True) for t in ("<answer>5</answer>", "x"))
+    seqs = to_sequences([peer_group((1.0, 0.0), bad, fp)], llama.tokenizer, fp, scale_advantages=True)
+    assert len(seqs) == 2
+    assert all(0 <= i < len(llama.tokenizer) for s in seqs for i in s.prompt_ids + s.completion_ids)
+
+
+def test_peer_logprobs_are_used_only_where_its_ids_equal_ours(llama: Policy) -> None:
+    fp = llama.tokenizer_fingerprint
+    honest, diverging = sampled(llama, ["<answer>19</answer>", "nineteen or so"])
+    cut = len(diverging.token_ids) // 2
+    diverging = replace(
+        diverging, token_ids=diverging.token_ids[:cut] + (5,) * (len(diverging.token_ids) - cut)
+    )
+    seqs = to_sequences(
+        [peer_group((1.0, 0.0), (honest, diverging), fp)], llama.tokenizer, fp, scale_advantages=True
+    )
+    assert seqs[0].completion_ids == honest.token_ids and seqs[0].behaviour_logprobs == honest.logprobs
+    assert seqs[1].completion_ids == ours(llama, diverging.text)
+    kept = seqs[1].behaviour_logprobs
+    assert kept[:cut] == diverging.logprobs[:cut]  # the common prefix keeps the peer's log-probs ...
+    assert all(math.isnan(x) for x in kept[cut:])  # ... the rest is unknown (neutral in offpolicy.py)
+
+
+def test_a_peer_group_longer_than_the_receivers_own_completions_is_dropped(llama: Policy) -> None:
+    fp = llama.tokenizer_fingerprint
+    long_text = "1 + 1 = 2. " * 40
+    local = group((1.0, 0.0), sampled(llama, ["<answer>5</answer>", long_text]), fp)
+    peer = peer_group((1.0, 0.0), sampled(llama, ["<answer>5</answer>", long_text]), fp)
+    short = peer_group((1.0, 0.0), sampled(llama, ["<answer>5</answer>", "six"]), fp)
+    seqs = to_sequences([local, peer, short], llama.tokenizer, fp, scale_advantages=True, max_new_tokens=16)
+    assert {id(s.group) for s in seqs} == {id(local), id(short)}  # own groups are never cut
+    bound = PEER_TOKEN_FACTOR * 16 + 1
+    assert all(len(s.completion_ids) <= bound for s in seqs if s.group is short)
+
+
+def test_a_peer_group_that_fails_to_convert_is_dropped_and_the_round_goes_on(llama: Policy) -> None:
+    fp = llama.tokenizer_fingerprint
+
+    class Fragile:
+        """The learner's tokenizer, failing on one text (any per-group error caused by peer data)."""
+
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, text, **kw):
+            if "BOOM" in text:
+                raise IndexError("tokenizer crashed")
+            return self.tok(text, **kw)
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+    bad = peer_group((1.0, 0.0), sampled(llama, ["<answer>BOOM</answer>", "x"]), fp)
+    good = peer_group((1.0, 0.0), sampled(llama, ["<answer>5</answer>", "x"]), fp)
+    seqs = to_sequences([bad, good], Fragile(llama.tokenizer), fp, scale_advantages=True)
+    assert {id(s.group) for s in seqs} == {id(good)}

@@ -358,15 +358,15 @@ def test_sanitize_clamps_untrusted_values():
 
 def test_untrusted_values_only_truncated_or_masked():
     # pi_old = 0.5 on every token; a peer claims mu = (NaN, +inf, 5.0, -1e9)
-    # sanitized mu = (e^-20, 1, 1, e^-20) -> r = pi_old / mu = (0.5 e^20, 0.5, 0.5, 0.5 e^20)
+    # NaN is unknown (ratio 1); sanitized mu = (-, 1, 1, e^-20) -> r = pi_old / mu = (1, 0.5, 0.5, 0.5 e^20)
     old = torch.full((1, 4), LN(0.5), dtype=torch.float64)
     claimed = torch.tensor([[float("nan"), float("inf"), 5.0, -1e9]], dtype=torch.float64)
     ones = torch.ones(1, 4, dtype=torch.bool)
     tis = correction_for("tis", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
-    assert tis.token_weight.flatten().tolist() == pytest.approx([2.0, 0.5, 0.5, 2.0])  # truncated at C
+    assert tis.token_weight.flatten().tolist() == pytest.approx([1.0, 0.5, 0.5, 2.0])  # truncated at C
     assert tis.stats["weight_max"] <= 2.0
     ice = correction_for("icepop", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
-    assert ice.mask.tolist() == [[False, True, True, False]]  # 0.5 e^20 > beta: masked out
+    assert ice.mask.tolist() == [[True, True, True, False]]  # 0.5 e^20 > beta: masked out
     assert all(math.isfinite(v) for v in tis.stats.values())
     assert all(math.isfinite(v) for v in ice.stats.values())
 

@@ -85,7 +85,7 @@ def test_poisoned_peer_logprobs_are_truncated_or_masked(sampled):
         for s in sequences
     ]
     _, _, tis = _train(poisoned, OffPolicyConfig(peer="tis", tis_cap=2.0))
-    assert tis.is_weight_max == pytest.approx(2.0)  # truncated at C
+    assert tis.is_weight_max == pytest.approx(1.0)  # a peer's weights are capped at 1, below C = 2
     _, _, icepop = _train(poisoned, OffPolicyConfig(peer="icepop"))
     assert icepop.masked_frac == 1.0 and icepop.tokens == 0  # every token out of [0.5, 5]: no update
     assert icepop.grad_norm == 0.0
@@ -98,10 +98,11 @@ def test_poisoned_peer_logprobs_are_truncated_or_masked(sampled):
 def test_ess_damps_the_learning_rate(sampled):
     policy, sequences = sampled
     peer_group = _group("peer", policy.tokenizer_fingerprint)
-    # half the sequences from a peer whose mu differs a lot: weights spread, ESS < 1
+    # half the sequences from a peer whose mu differs a lot: weights spread, ESS < 1 (it claims its tokens
+    # were likelier for it: weights below 1; a peer's weights are never raised above 1)
     shift = [1.0 if i % 2 else 0.0 for i in range(len(sequences))]
     skewed = [
-        replace(s, group=peer_group, behaviour_logprobs=tuple(lp - d for lp in s.behaviour_logprobs))
+        replace(s, group=peer_group, behaviour_logprobs=tuple(lp + d for lp in s.behaviour_logprobs))
         for s, d in zip(sequences, shift, strict=True)
     ]
     _, _, plain = _train(skewed, OffPolicyConfig(peer="tis"))
