@@ -89,6 +89,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         ctx.policy.tokenizer_fingerprint,
         scale_advantages=ctx.cfg.train.scale_advantages,
         system_prompt=ctx.cfg.sampling.system_prompt,
+        max_new_tokens=ctx.cfg.sampling.max_new_tokens,
     )
     stats = ctx.trainer.step(sequences)
     t_train = time.perf_counter()
