@@ -18,8 +18,12 @@ with the load, which the header reports. Results and their reading: docs/perform
 - train: one batch of completions (sampled once, advantages +1/-1 alternating so no group is
   dropped) fed to swarmnode's ``Trainer.step`` and to TRL's ``GRPOTrainer.compute_loss`` (+ backward,
   clipping, the same AdamW step), both DAPO token-level loss, clip 0.2/0.28, no KL, no off-policy
-  correction, one update; fp32, and bf16 autocast where the hardware has it natively. tokens/s =
-  completion tokens / step seconds.
+  correction, one update. swarmnode rows: the plain layout, shared-prompt (each group's prompt once,
+  ``learn/shared.py``), shared-prompt + packing, all fp32, then + bf16 autocast where the hardware has
+  it natively (``--bf16``: anyway); each against TRL's step at the same precision. tokens/s =
+  completion tokens / step seconds; ``tokens_computed`` = tokens the model runs per step (padding
+  included); ``peak_mib`` = the most memory one step held beyond what was held before it
+  (``benchmarks/memory.py``).
 - colocate: the same training step timed before and after a vLLM engine starts in the process (vLLM's
   CPU worker binds OpenMP threads to cores; this shows what the learner beside it pays), with torch's
   thread count, the main thread's CPU affinity and CPU seconds per wall second (cores kept busy).
@@ -45,10 +49,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import drop_checkpoints
+from benchmarks.memory import peak_bytes, return_freed_memory
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
-from swarmnode.learn.precision import bf16_native
+from swarmnode.learn.precision import autocast_dtype, bf16_native
 from swarmnode.learn.trainer import Trainer
 from swarmnode.policy import Policy, embedded_model_folder, load_policy, tokenizer_fingerprint
 from swarmnode.prompts import encode_prompt
@@ -286,46 +291,64 @@ class TRLStep:
         optimizer.zero_grad(set_to_none=True)
 
 
+# (batch layout, autocast) of the swarmnode rows, in the order the issue asks for them
+TRAIN_VARIANTS = (("plain", "off"), ("shared", "off"), ("packed", "off"), ("packed", "bfloat16"))
+
+
 def bench_train(args, policy: Policy, samplers: dict) -> dict:
     sequences = train_batch(args, policy, samplers.get("vllm", samplers["transformers"]))
     tokens = sum(len(s.completion_ids) for s in sequences)
     out: dict = {
         "batch": f"{len(sequences)} completions, {tokens} completion tokens, "
         f"{sum(s.length for s in sequences)} tokens in all",
+        "rss_follows_live_memory": return_freed_memory(),
     }
-    modes = ["off"] + (["bfloat16"] if bf16_native(policy.device) and policy.dtype == torch.float32 else [])
+    bf16 = (bf16_native(policy.device) or args.bf16) and policy.dtype == torch.float32
+    variants = [v for v in TRAIN_VARIANTS if v[1] == "off" or bf16]
     cfg = TrainConfig(lr=1e-6)
-    theirs = None
+    # one Trainer (one AdamW state) switched between layouts and precisions, and TRL on the same model
+    ours = Trainer(policy.model, policy.tokenizer.pad_token_id, cfg, offpolicy=OffPolicyConfig(local="none"))
+    supported = ours.layout != "plain"  # cfg asks for "packed"; Trainer falls back where it cannot
+    if not supported:
+        out["shared_prompt"] = f"not supported by {policy.name}: every row trains plain"
+    sides: dict = {}
+    for layout, mode in variants:
+        precision = "fp32" if mode == "off" else "bf16"
+
+        def step(layout=layout, mode=mode):
+            ours.layout = layout if supported else "plain"
+            ours.autocast = autocast_dtype(mode, policy.device, policy.dtype)
+            return ours.step(sequences)
+
+        sides[f"{layout}_{precision}"] = step
+        ours.layout = layout if supported else "plain"
+        computed = sum(b.input_ids.numel() for _, b in ours._batches(sequences))
+        out[f"{layout}_{precision}_tokens_computed"] = computed
     try:
         theirs = TRLStep(policy.model, policy.tokenizer, sequences, cfg, args.completions)
+        for precision in dict.fromkeys("fp32" if m == "off" else "bf16" for _, m in variants):
+            dtype = None if precision == "fp32" else torch.bfloat16
+            sides[f"trl_{precision}"] = lambda dtype=dtype: theirs.step(ours.optimizer, dtype)
     except ImportError:
         out["trl_missing"] = "TRL is not installed (pip install -e '.[bench]')"
-    for mode in modes:
-        ours = Trainer(
-            policy.model,
-            policy.tokenizer.pad_token_id,
-            cfg.model_copy(update={"autocast": mode}),
-            offpolicy=OffPolicyConfig(local="none"),
-        )
-        sides = {"swarmnode": lambda t=ours: t.step(sequences)}
-        if theirs is not None:
-            sides["trl"] = lambda t=ours: theirs.step(t.optimizer, t.autocast)
-        seconds, cpu = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0)
-        for side in sides.values():  # warm-up
-            side()
-        for rep in range(args.repeats):
-            for name, side in sides.items():
-                _, wall, used = cpu_timed(side)
-                seconds[name] += wall
-                cpu[name] += used
-                print(f"  train {mode} rep {rep} {name}: {seconds[name]:.1f} s so far", file=sys.stderr)
-        precision = "fp32" if mode == "off" else "bf16 autocast"
-        for name, total in seconds.items():
-            out[f"{name}_{precision}_tok_s"] = tokens * args.repeats / total
-            out[f"{name}_{precision}_tok_per_cpu_s"] = tokens * args.repeats / cpu[name]
-        if "trl" in sides:
-            out[f"swarmnode_over_trl_{precision}"] = seconds["trl"] / seconds["swarmnode"]
-            out[f"swarmnode_over_trl_{precision}_cpu"] = cpu["trl"] / cpu["swarmnode"]
+    seconds, cpu, peak = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0)
+    for side in sides.values():  # warm-up
+        side()
+    for rep in range(args.repeats):
+        for name, side in sides.items():
+            (_, wall, used), held = peak_bytes(lambda side=side: cpu_timed(side), policy.device)
+            seconds[name] += wall
+            cpu[name] += used
+            peak[name] = max(peak[name], held)
+            print(f"  train rep {rep} {name}: {seconds[name]:.1f} s so far", file=sys.stderr)
+    for name, total in seconds.items():
+        out[f"{name}_tok_s"] = tokens * args.repeats / total
+        out[f"{name}_tok_per_cpu_s"] = tokens * args.repeats / cpu[name]
+        out[f"{name}_peak_mib"] = peak[name] / 2**20
+        trl = f"trl_{name.rsplit('_', 1)[1]}"
+        if not name.startswith("trl") and trl in seconds:
+            out[f"{name}_over_trl"] = seconds[trl] / total
+            out[f"{name}_over_trl_cpu"] = cpu[trl] / cpu[name]
     return out
 
 
@@ -435,6 +458,9 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "arithmetic-easy.yaml")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write every number here")
+    parser.add_argument(
+        "--bf16", action="store_true", help="train: the bf16 rows even where bf16 is emulated (slow)"
+    )
     args = parser.parse_args()
 
     machine = machine_info("benchmarks.bench")

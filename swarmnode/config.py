@@ -126,6 +126,11 @@ class SamplingConfig(_Strict):
     vllm_enforce_eager: bool = Field(
         True, description="Run vLLM without torch.compile / CUDA graphs: starts fast, decodes slower."
     )
+    vllm_prefix_caching: bool = Field(
+        True,
+        description="vLLM prefix caching: the KV of a prompt's blocks is computed once for its G samples "
+        "(and the shared system prompt once for all questions); reset after every weight sync.",
+    )
 
 
 class TrainConfig(_Strict):
@@ -150,10 +155,18 @@ class TrainConfig(_Strict):
     token_budget: int = Field(
         4096, gt=0, description="Max (padded) tokens per micro-batch: bounds activation memory."
     )
+    batch_layout: Literal["packed", "shared", "plain"] = Field(
+        "packed",
+        description="How micro-batches lay out the tokens: packed = each group's prompt once with its "
+        "completions after it, several groups per row filling the budget; shared = one group per row; "
+        "plain = prompt + completion per row. Models that cannot take a block attention mask train plain "
+        "(see learn/shared.py).",
+    )
     autocast: Literal["auto", "off", "bfloat16"] = Field(
         "auto",
         description="Mixed precision for the learner's forward pass (weights and optimizer stay in "
-        "model.dtype, float32 weights only); auto = bfloat16 on CUDA, off on CPU (see docs/performance.md).",
+        "model.dtype, float32 weights only); auto = bfloat16 where the hardware computes it natively (CUDA, "
+        "CPUs with AVX512-BF16 or AMX), off elsewhere (see learn/precision.py, docs/performance.md).",
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 

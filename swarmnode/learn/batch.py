@@ -19,6 +19,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -121,14 +122,23 @@ def _agreeing_logprobs(completion: Completion, ids: tuple[int, ...]) -> tuple[fl
     return tuple(logprobs[:n]) + (math.nan,) * (len(ids) - n) if n else None
 
 
-def microbatches(sequences: Sequence[TrainSequence], token_budget: int) -> list[list[TrainSequence]]:
+class _Measured(Protocol):
+    @property
+    def length(self) -> int: ...
+
+
+Item = TypeVar("Item", bound=_Measured)
+
+
+def microbatches(sequences: Sequence[Item], token_budget: int) -> list[list[Item]]:
     """Sort by length and pack so that (batch size x longest sequence) <= token_budget.
 
-    A single sequence longer than the budget still gets its own micro-batch.
+    A single sequence longer than the budget still gets its own micro-batch. Works on anything with a
+    ``length`` in tokens (sequences here, rows of the shared-prompt layout in ``shared.py``).
     """
     ordered = sorted(sequences, key=lambda s: s.length)
-    batches: list[list[TrainSequence]] = []
-    current: list[TrainSequence] = []
+    batches: list[list[Item]] = []
+    current: list[Item] = []
     for seq in ordered:
         if current and (len(current) + 1) * seq.length > token_budget:
             batches.append(current)
@@ -153,15 +163,24 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
 
 @dataclass
 class PaddedBatch:
-    """Left-padded so every sequence ends at the last position; completions occupy the tail."""
+    """The model's input and, per completion, its tokens' targets, right-aligned in [B, C].
 
-    input_ids: torch.Tensor  # [B, L]
-    attention_mask: torch.Tensor  # [B, L]
-    position_ids: torch.Tensor  # [B, L]
+    Plain layout (``pad_batch``): one row per sequence, left-padded so every sequence ends at the last
+    position; completions occupy the tail and ``hidden_index`` is None. Shared-prompt layout
+    (``shared.shared_batch``): R rows hold prompts once and completions after them, ``attention_mask`` is
+    a [R, 1, L, L] block mask and ``hidden_index`` says which position predicts each completion token.
+    """
+
+    input_ids: torch.Tensor  # [R, L]
+    attention_mask: torch.Tensor  # [R, L] padding mask, or [R, 1, L, L] bool block mask
+    position_ids: torch.Tensor  # [R, L]
     completion_mask: torch.Tensor  # [B, C] over the last C positions' *targets*
     advantages: torch.Tensor  # [B]
     behaviour_logp: torch.Tensor  # [B, C], 0 where unknown
     has_behaviour: torch.Tensor  # [B, C] bool
+    hidden_index: torch.Tensor | None = None  # [B, C] flat index into [R * L] of each token's predictor
+    targets: torch.Tensor | None = None  # [B, C] completion token ids (shared layout)
+    sequences: tuple[TrainSequence, ...] = ()  # the B completions, in row order (shared layout)
 
     @property
     def completion_width(self) -> int:

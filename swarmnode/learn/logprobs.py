@@ -25,31 +25,48 @@ def completion_logprobs(
     taken in float32. The LM head runs only on completion positions, in chunks (``head_logprobs``), so
     the [tokens, vocabulary] logits -- with a 49k vocabulary the largest activation of a small model --
     never exist whole; models whose head is not a plain projection (bias, soft-capping, scaling) take
-    the model's own head on the last C+1 positions instead.
+    the model's own head on the last C+1 positions instead (plain layout only). A shared-prompt batch
+    (``batch.hidden_index`` set) gathers each token's predicting position from its rows.
     """
     width = batch.completion_width
     mask = batch.completion_mask
-    targets = batch.input_ids[:, -width:]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: LoRA stays inside
+    head = base.get_output_embeddings()
     inputs = dict(
         input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
+        attention_mask=_model_mask(base.config, batch.attention_mask),
         position_ids=batch.position_ids,
         use_cache=False,
     )
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: LoRA stays inside
-    head = base.get_output_embeddings()
+    shared = batch.hidden_index is not None
+    targets = batch.targets if shared else batch.input_ids[:, -width:]
     device_type = batch.input_ids.device.type
     with torch.autocast(device_type, dtype=autocast or torch.float32, enabled=autocast is not None):
-        if not _plain_head(base.config, head):
+        if not plain_head(base.config, head):
+            if shared:
+                raise ValueError("the shared-prompt layout needs a plain LM head (see shared.py)")
             logits = model(**inputs, logits_to_keep=width + 1).logits[:, :-1, :].float() / temperature
             return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-        hidden = base.get_decoder()(**inputs).last_hidden_state[:, -(width + 1) : -1]  # predicts the last C
+        hidden = base.get_decoder()(**inputs).last_hidden_state
+        if shared:
+            rows = hidden.flatten(0, 1)[batch.hidden_index[mask]]
+        else:
+            rows = hidden[:, -(width + 1) : -1][mask]  # the last C positions' predictors
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    out[mask] = head_logprobs(hidden[mask], head.weight, targets[mask], temperature, autocast)
+    out[mask] = head_logprobs(rows, head.weight, targets[mask], temperature, autocast)
     return out
 
 
-def _plain_head(config, head) -> bool:
+def _model_mask(config, mask: torch.Tensor) -> torch.Tensor:
+    """A block mask as the attention implementation takes it: bool (True = attend) for sdpa, additive
+    float for eager; a 2D padding mask unchanged."""
+    if mask.dim() != 4 or getattr(config, "_attn_implementation", None) != "eager":
+        return mask
+    zero = torch.zeros((), dtype=torch.float32, device=mask.device)
+    return torch.where(mask, zero, torch.finfo(torch.float32).min)
+
+
+def plain_head(config, head) -> bool:
     """Whether logits = hidden @ head.weight.T exactly (what ``head_logprobs`` computes)."""
     scaled = any(
         getattr(config, name, None) not in (None, 1.0)

@@ -16,12 +16,20 @@ def bf16_native(device: torch.device) -> bool:
 
 
 def autocast_dtype(mode: str, device: torch.device, param_dtype: torch.dtype) -> torch.dtype | None:
-    """The learner's forward-pass autocast dtype (None = none): bf16 over fp32 weights keeps the small RL
-    updates in fp32 master weights while the matmuls run in bf16. ``auto`` turns it on for CUDA only:
-    on CPUs with native bf16 it is available (``bfloat16``) but not yet measured faster, and it makes
-    on-policy importance ratios differ from 1 by bf16 rounding."""
+    """The learner's forward-pass autocast dtype (None = none).
+
+    bf16 over fp32 weights keeps the small RL updates in fp32 master weights (and AdamW state) while the
+    matmuls run in bf16; the log-softmax of the LM head stays in fp32 (``logprobs.head_logprobs``).
+    ``auto`` turns it on wherever ``bf16_native`` holds and off elsewhere (emulated bf16 is slower than
+    fp32). What it does to the importance ratios: pi_theta / pi_old is still exactly 1 at the first
+    update (both come from the same bf16 forward), but the ratio to the *sampler's* log-probs,
+    pi_old / mu, now carries bf16 rounding of the learner (|log ratio| below 0.05 per token on the tiny
+    models, ``test_logprobs.py``), on top of the sampler's own (vLLM samples in bf16 anyway): ``tis``
+    truncates at C = 2 and ``icepop`` keeps [0.5, 5], so such noise is weighted, never dropped. Tests
+    that need on-policy ratios of exactly 1 pin ``autocast="off"``.
+    """
     if mode == "off" or param_dtype != torch.float32:
         return None
-    if mode == "auto" and not (device.type == "cuda" and bf16_native(device)):
+    if mode == "auto" and not bf16_native(device):
         return None
     return torch.bfloat16

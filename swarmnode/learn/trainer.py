@@ -25,6 +25,7 @@ from swarmnode.learn.grpo import LossTerms, kl_penalty
 from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
 from swarmnode.learn.precision import autocast_dtype
+from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
 
 @dataclass
@@ -62,7 +63,8 @@ class UpdateTotals:
     weight_sum: float = 0.0  # sum of the importance weights over kept tokens
     weight_sq_sum: float = 0.0  # sum of their squares (ESS over the whole update)
     weight_max: float = 0.0
-    behaviour_kl: float = 0.0  # KL(mu || pi_old) k1 estimate times kept tokens, summed
+    behaviour_kl: float = 0.0  # log mu - log pi_old summed over tokens with behaviour log-probs
+    behaviour_tokens: float = 0.0  # how many tokens have behaviour log-probs
 
     def add(self, terms: LossTerms, stats: dict[str, float]) -> None:
         """One micro-batch's loss terms and ``Correction.stats``."""
@@ -75,7 +77,9 @@ class UpdateTotals:
         self.weight_sum += stats["weight_sum"]
         self.weight_sq_sum += stats["weight_sq_sum"]
         self.weight_max = max(self.weight_max, stats["weight_max"])
-        self.behaviour_kl += stats["kl_k1"] * stats["kept_tokens"]
+        usable = stats["behaviour_frac"] * stats["tokens"]
+        self.behaviour_kl += stats["kl_k1"] * usable
+        self.behaviour_tokens += usable
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -104,6 +108,7 @@ class Trainer:
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
         self.device = next(model.parameters()).device
         self.autocast = autocast_dtype(cfg.autocast, self.device, next(model.parameters()).dtype)
+        self.layout = cfg.batch_layout if supports_shared_prompt(model) else "plain"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
@@ -119,11 +124,16 @@ class Trainer:
             "peer": self.offpolicy.peer,
             "foreign": self.offpolicy.foreign,
         }
+        budget = self.cfg.token_budget
         batches = []
         for source, mode in modes.items():
             part = [s for s in sequences if source_of(s) == source]
-            for mb in microbatches(part, self.cfg.token_budget):
-                batches.append((mode, source == "local", pad_batch(mb, self.pad_id, self.device)))
+            if self.layout == "plain":
+                for mb in microbatches(part, budget):
+                    batches.append((mode, source == "local", pad_batch(mb, self.pad_id, self.device)))
+            else:
+                for rows in shared_microbatches(part, budget, pack=self.layout == "packed"):
+                    batches.append((mode, source == "local", shared_batch(rows, self.pad_id, self.device)))
         return batches
 
     def step(self, sequences: Sequence[TrainSequence]) -> StepStats:
@@ -199,7 +209,7 @@ class Trainer:
             is_weight_mean=totals.weight_sum / kept,
             is_weight_max=totals.weight_max,
             ess=ess,
-            behaviour_kl=totals.behaviour_kl / kept,
+            behaviour_kl=totals.behaviour_kl / max(totals.behaviour_tokens, 1.0),
             lr_scale=lr_scale,
             seconds=seconds,
             tokens_per_s=totals.kept_tokens * self.cfg.updates_per_round / max(seconds, 1e-9),

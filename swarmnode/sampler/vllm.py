@@ -63,6 +63,30 @@ def unavailable(model: torch.nn.Module) -> str | None:
     return None
 
 
+def engine_args(cfg: SamplingConfig, folder: str, dtype: torch.dtype, seed: int) -> dict:
+    """The ``vllm.LLM`` arguments for ``cfg``: config and tokenizer from ``folder``, dummy weights.
+
+    Prefix caching (``sampling.vllm_prefix_caching``, on by default): a round asks for G samples of each
+    prompt (one request with n = G), and every prompt starts with the same system prompt and worked
+    example; with the cache, each distinct prompt block's KV is computed once and shared by the G
+    samples and the other questions, instead of being prefilled per sample. Cached blocks are keyed by
+    token ids, so they are correct only for the weights they were computed with: ``sync_weights``
+    resets the cache after every update. Not measured yet on this backend (vLLM is not installed on
+    the machines this was written on); the sampling benchmark (``bench.py sample``) measures it.
+    """
+    return dict(
+        model=folder,
+        load_format="dummy",
+        dtype=dtype,
+        seed=seed,
+        logprobs_mode="processed_logprobs",  # at the sampling temperature
+        generation_config="vllm",  # ignore the model's default sampling settings
+        kv_cache_memory_bytes=int(cfg.vllm_kv_cache_gib * 2**30),
+        enforce_eager=cfg.vllm_enforce_eager,
+        enable_prefix_caching=cfg.vllm_prefix_caching,
+    )
+
+
 class VLLMSampler(Sampler):
     name = "vllm"
 
@@ -72,6 +96,7 @@ class VLLMSampler(Sampler):
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.dtype = vllm_dtype(cfg.vllm_dtype, device)
+        self.prefix_caching = cfg.vllm_prefix_caching
         # In-process engine core (see the module docstring). vLLM's CPU worker otherwise drops torch to
         # one thread for the whole process, which would also slow the learner: an explicit
         # OMP_NUM_THREADS keeps the thread count the node chose.
@@ -84,16 +109,7 @@ class VLLMSampler(Sampler):
         self._folder = tempfile.TemporaryDirectory(prefix="swarmnode-vllm-")
         model.config.save_pretrained(self._folder.name)
         tokenizer.save_pretrained(self._folder.name)
-        self.engine = LLM(
-            model=self._folder.name,
-            load_format="dummy",
-            dtype=self.dtype,
-            seed=seed,
-            logprobs_mode="processed_logprobs",  # at the sampling temperature
-            generation_config="vllm",  # ignore the model's default sampling settings
-            kv_cache_memory_bytes=int(cfg.vllm_kv_cache_gib * 2**30),
-            enforce_eager=cfg.vllm_enforce_eager,
-        )
+        self.engine = LLM(**engine_args(cfg, self._folder.name, self.dtype, seed))
         self.sync_weights()
 
     def sample(
@@ -133,6 +149,8 @@ class VLLMSampler(Sampler):
         """Copy the trainer's current weights into the running engine (in place, in memory)."""
         start = time.perf_counter()
         self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights()})
+        if self.prefix_caching:
+            self.engine.reset_prefix_cache()  # cached KV belongs to the weights it was computed with
         return time.perf_counter() - start
 
     def _weights(self) -> Iterator[tuple[str, torch.Tensor]]:

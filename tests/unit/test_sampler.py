@@ -64,3 +64,12 @@ def test_a_backend_that_cannot_run_falls_back_to_transformers_and_says_why_once(
     assert isinstance(make_sampler(SamplingConfig(backend="hf"), policy, log=messages.append), HFSampler)
     assert messages == []
     assert sampler.sync_weights() == 0.0  # shares the trainer's model: nothing to copy
+
+
+def test_vllm_engine_caches_the_shared_prompt_prefix_unless_told_not_to():
+    from swarmnode.sampler.vllm import engine_args
+
+    args = engine_args(SamplingConfig(), "/tmp/folder", torch.float32, seed=3)
+    assert args["enable_prefix_caching"] is True and args["load_format"] == "dummy" and args["seed"] == 3
+    off = engine_args(SamplingConfig(vllm_prefix_caching=False), "/tmp/folder", torch.float32, seed=3)
+    assert off["enable_prefix_caching"] is False
