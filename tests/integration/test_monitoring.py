@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"
 PROMETHEUS_YML = MONITORING / "prometheus.yml"
 ALERTS_YML = MONITORING / "alerts.yml"
+ALERTS_TEST_YML = MONITORING / "alerts_test.yml"  # promtool unit tests of the alerts' time windows
 DASHBOARD = MONITORING / "grafana" / "dashboards" / "swarmnode.json"
 COMPOSE = REPO / "docker" / "compose.yaml"
 
@@ -110,6 +111,7 @@ def _split_top_level(expr: str, words: tuple[str, ...]) -> list[str]:
 
 
 _TRAILING_COMPARISON = re.compile(r"\s*(==|!=|<=|>=|<|>)\s*(bool\s+)?[-+*/0-9.e\s()]+$")
+_OFFSET = re.compile(r"\s+offset\s+-?[0-9]+[smhdwy]")
 
 
 def alert_probe_exprs(expr: str) -> list[str]:
@@ -119,14 +121,21 @@ def alert_probe_exprs(expr: str) -> list[str]:
     the expression is split at its top-level set operators (`and`, `or`, `unless`), and each operand loses
     a trailing comparison with a number (`> 0.5`, `== 0`, `> 1048576 / 60`). What remains (`up`,
     `deriv(...)`, the reject ratio, `time() - checkpoint time`) must return a series for every node that
-    exports the metric; the full expression is separately checked to parse and evaluate.
+    exports the metric; the full expression is separately checked to parse and evaluate. An `offset`
+    (a guard that asks for hours of history, or last hour's low point) is dropped too: the test's
+    Prometheus has minutes of data, and the same selector without it must return a series.
     """
-    return [_TRAILING_COMPARISON.sub("", part) for part in _split_top_level(expr, ("and", "or", "unless"))]
+    parts = _split_top_level(expr, ("and", "or", "unless"))
+    return [_OFFSET.sub("", _TRAILING_COMPARISON.sub("", part)) for part in parts]
 
 
 def test_alert_probes_strip_only_the_comparison():
     assert alert_probe_exprs("up == 0") == ["up"]
     assert alert_probe_exprs("deriv(m[30m]) > 1048576 / 60") == ["deriv(m[30m])"]
+    assert alert_probe_exprs("deriv(m[2h]) <= 0 and m offset 2h") == ["deriv(m[2h])", "m"]
+    assert alert_probe_exprs("min_over_time(m[1h]) / min_over_time(m[1h] offset 1h) - 1 > 0.1") == [
+        "min_over_time(m[1h]) / min_over_time(m[1h]) - 1"
+    ]
     assert alert_probe_exprs('(a{x="and"} / b) > 0.5\nand\nsum by (i) (c) > 0.01') == [
         '(a{x="and"} / b)',
         "sum by (i) (c)",
@@ -198,6 +207,36 @@ def test_dashboard_structure():
     assert {"Node", "Swarm"} <= titles
 
 
+def _swarm_row() -> list[dict]:
+    """The panels under the Swarm row (the dashboard keeps its rows expanded, panels listed after them)."""
+    panels = _dashboard()["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Swarm")
+    row = []
+    for panel in panels[start + 1 :]:
+        if panel["type"] == "row":
+            break
+        row.append(panel)
+    return row
+
+
+def _mode_panel() -> dict:
+    [panel] = [p for p in _swarm_row() if p["title"] == "Swarm or solo"]
+    return panel
+
+
+def test_the_swarm_row_says_solo_for_a_solo_node():
+    """A solo node exports no swarm metrics: the row's first panel names each node solo or swarm, and every
+    other panel of the row says "solo node" instead of a bare "No data" when it has nothing to show."""
+    row, mode = _swarm_row(), _mode_panel()
+    assert row[0]["id"] == mode["id"]
+    assert mode["type"] == "stat" and mode["targets"][0]["legendFormat"] == "{{peer_id}}"
+    [mapping] = mode["fieldConfig"]["defaults"]["mappings"]
+    assert mapping["type"] == "value"
+    assert "solo" in mapping["options"]["0"]["text"] and mapping["options"]["1"]["text"] == "swarm"
+    for panel in row[1:]:
+        assert "solo" in panel["fieldConfig"]["defaults"].get("noValue", ""), panel["title"]
+
+
 def test_dashboard_decodes_with_grafana_foundation_sdk():
     """Grafana's own Python model of dashboards (grafana-foundation-sdk, generated from Grafana's schemas)
     decodes the file: every panel and variable, every target as a Prometheus query with its expr. The SDK
@@ -235,6 +274,46 @@ def test_promtool_checks_config_and_rules():
         ["promtool", "check", "config", str(PROMETHEUS_YML)], capture_output=True, text=True
     )
     assert config.returncode == 0, config.stdout + config.stderr  # missing target files are only warnings
+    # the only target files it names are the ones linked into monitoring/targets/
+    assert "/runs/" not in config.stdout + config.stderr, config.stdout + config.stderr
+
+
+@needs_prometheus
+def test_alert_windows_match_their_summaries():
+    """monitoring/alerts_test.yml: RewardStalled ("2 hours") is not even pending before 2 hours of data;
+    MemoryClimbing is never pending on flat memory (502 -> 504 MiB), never fires on a warm-up step, and
+    fires on steady growth."""
+    run = subprocess.run(
+        ["promtool", "test", "rules", str(ALERTS_TEST_YML)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "SwarmnodeRewardStalled" in ALERTS_TEST_YML.read_text()
+    assert "SwarmnodeMemoryClimbing" in ALERTS_TEST_YML.read_text()
+
+
+@needs_prometheus
+def test_native_prometheus_logs_no_error_for_the_shipped_config(tmp_path):
+    """Prometheus run natively with monitoring/prometheus.yml, as the README says: no "Error adding file
+    watch" (or any other error) for paths that exist only inside the compose containers."""
+    port = _free_port()
+    log_path = tmp_path / "prometheus.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            ["prometheus", f"--config.file={PROMETHEUS_YML}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "Server is ready to receive web requests" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        time.sleep(2)  # file discovery starts with the scrape manager: give it time to watch its files
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    errors = [line for line in log_path.read_text().splitlines() if "level=error" in line]
+    assert not errors, "\n".join(errors)
 
 
 # ---------------------------------------------------------------- a real Prometheus scraping real nodes
@@ -430,6 +509,22 @@ def test_prometheus_scrapes_every_node_and_every_expression_returns_data(scraped
     assert not [r for r in loaded.values() if r["state"] == "firing"]
 
 
+@needs_prometheus
+def test_the_swarm_or_solo_panel_names_the_solo_node_solo(scraped):
+    prom, node, procs = scraped
+    expr = substitute(_mode_panel()["targets"][0]["expr"])
+    swarm_peers = {p.status()["peer_id"] for p in procs}
+    expected = {node.peer_id: 0.0, **dict.fromkeys(swarm_peers, 1.0)}
+    deadline = time.monotonic() + 30
+    while True:
+        answer = prom.query(expr)
+        modes = {r["metric"]["peer_id"]: float(r["value"][1]) for r in answer["data"]["result"]}
+        if modes == expected or time.monotonic() > deadline:
+            break
+        time.sleep(SCRAPE_S)
+    assert modes == expected, answer
+
+
 # ---------------------------------------------------------------- docker/
 
 
@@ -451,8 +546,8 @@ def test_compose_references_existing_files():
                 assert (base / source).exists(), f"{name}: {source}"
             else:
                 assert source in compose["volumes"], f"{name}: volume {source}"
-    # the node run folders compose uses are the ones prometheus.yml lists for compose
-    [job] = yaml.safe_load(PROMETHEUS_YML.read_text())["scrape_configs"]
+    # the node run folders compose uses are the ones its Prometheus config lists
+    [job] = yaml.safe_load(_compose_prometheus_config(compose).read_text())["scrape_configs"]
     prom_files = {f for sd in job["file_sd_configs"] for f in sd["files"]}
     for name in ("node-a", "node-b"):
         assert f"/runs/{name}/prometheus_target.json" in prom_files
@@ -471,3 +566,50 @@ def test_compose_references_existing_files():
     dash = yaml.safe_load((grafana_provisioning / "dashboards" / "swarmnode.yaml").read_text())
     mounted = [v for v in services["grafana"]["volumes"] if "grafana/dashboards" in v][0]
     assert dash["providers"][0]["options"]["path"] == mounted.split(":")[1]
+
+
+def _compose_mounts(compose: dict, service: str) -> dict[str, Path]:
+    """Container path -> file on this machine, for the service's bind mounts."""
+    mounts = {}
+    for volume in compose["services"][service].get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounts[target] = (COMPOSE.parent / source).resolve()
+    return mounts
+
+
+def _compose_prometheus_config(compose: dict) -> Path:
+    [flag] = [a for a in compose["services"]["prometheus"]["command"] if a.startswith("--config.file=")]
+    return _compose_mounts(compose, "prometheus")[flag.split("=", 1)[1]]
+
+
+def test_compose_prometheus_config_is_the_native_one_plus_the_compose_nodes():
+    """docker/compose.yaml's Prometheus has a config of its own (its target paths exist only in the
+    containers); apart from finding targets it must say what monitoring/prometheus.yml says."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    mounted = _compose_prometheus_config(compose)
+    assert mounted != PROMETHEUS_YML.resolve()
+    native, theirs = yaml.safe_load(PROMETHEUS_YML.read_text()), yaml.safe_load(mounted.read_text())
+    assert theirs["global"] == native["global"] and theirs["rule_files"] == native["rule_files"]
+    [native_job], [compose_job] = native["scrape_configs"], theirs["scrape_configs"]
+    discovery = ("file_sd_configs", "relabel_configs")
+    assert {k: v for k, v in compose_job.items() if k not in discovery} == {
+        k: v for k, v in native_job.items() if k not in discovery
+    }
+    assert "relabel_configs" not in native_job  # relabelling /runs/NAME targets is compose's business
+
+
+@needs_prometheus
+def test_promtool_checks_the_compose_prometheus_config(tmp_path):
+    """Its files laid out as compose mounts them (config and alert rules side by side in /etc/prometheus)."""
+    compose = yaml.safe_load(COMPOSE.read_text())
+    etc = tmp_path / "etc" / "prometheus"
+    etc.mkdir(parents=True)
+    for target, source in _compose_mounts(compose, "prometheus").items():
+        if target.startswith("/etc/prometheus/"):
+            shutil.copy(source, etc / Path(target).name)
+    config = subprocess.run(
+        ["promtool", "check", "config", str(etc / "prometheus.yml")], capture_output=True, text=True
+    )
+    assert config.returncode == 0, config.stdout + config.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in config.stdout
