@@ -37,12 +37,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarmnode.swarm.records import SHARE_TRACE_ENV
 from tests.helpers.machine import describe_machine, machine_info
 from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
 REPO = Path(__file__).resolve().parents[1]
-
-TRACE_ENV = "SWARMNODE_SHARE_TRACE"  # swarmnode.swarm.SHARE_TRACE_ENV (not imported: it pulls in torch)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -67,7 +66,7 @@ def run_swarm(n: int, args: argparse.Namespace, workdir: Path) -> tuple[list[Pat
     if root.exists():
         shutil.rmtree(root)
     dirs = [root / f"node{i:02d}" for i in range(n)]
-    os.environ[TRACE_ENV] = "1"
+    os.environ[SHARE_TRACE_ENV] = "1"
     nodes: list[NodeProc] = []
     info = {"nodes": n, "exit_codes": [], "timed_out": False, "load_before": os.getloadavg()}
     t0 = time.monotonic()

@@ -21,7 +21,10 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarmnode.identity import Identity, peer_id_from_public_key  # noqa: E402
-from swarmnode.swarm import protocol  # noqa: E402
+from swarmnode.swarm import (
+    codec,
+    protocol,  # noqa: E402
+)
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
 
@@ -106,9 +109,9 @@ def sign_raw(
     identity: Identity, msg_type: str, swarm_id: str, body: dict[str, Any], version: int = 1
 ) -> bytes:
     """Sign any body (bypassing the encoder's field checks) into a canonical envelope."""
-    body_bytes = protocol.canonical_packb(body)
-    signature = identity.sign(protocol.signing_bytes(msg_type, swarm_id, body_bytes))
-    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, signature, version)
+    body_bytes = codec.canonical_packb(body)
+    signature = identity.sign(codec.signing_bytes(msg_type, swarm_id, body_bytes))
+    return codec.pack_envelope(msg_type, body_bytes, identity.public_key, signature, version)
 
 
 def with_body(msg: Any, drop: str | None = None, **set_: Any) -> dict[str, Any]:
@@ -144,7 +147,7 @@ def message(
         "verdict": verdict,
     }
     if verdict == "accept":
-        msg, sender = protocol.decode_message(
+        msg, sender = codec.decode_message(
             data, swarm_id=swarm_id, expected_type=expected_type, expected_peer_id=expected_peer_id
         )
         assert sender == signer.peer_id
@@ -153,7 +156,7 @@ def message(
         v["body"] = body_json(msg.to_body())
     else:
         try:
-            protocol.decode_message(
+            codec.decode_message(
                 data, swarm_id=swarm_id, expected_type=expected_type, expected_peer_id=expected_peer_id
             )
         except protocol.ProtocolError as e:
@@ -189,14 +192,14 @@ def body_json(value: Any) -> Any:
 
 def build_vectors() -> list[dict[str, Any]]:
     card = roster_card()
-    card_bytes = protocol.encode_message(A, SWARM, card)
+    card_bytes = codec.encode_message(A, SWARM, card)
     batch = rollout_batch(logprobs=True)
-    batch_bytes = protocol.encode_message(A, SWARM, batch)
+    batch_bytes = codec.encode_message(A, SWARM, batch)
     batch_plain = rollout_batch(logprobs=False, seq=1005)
-    ann_bytes = protocol.encode_message(A, SWARM, announcement(batch_bytes, batch))
+    ann_bytes = codec.encode_message(A, SWARM, announcement(batch_bytes, batch))
     RC, BA, RB = protocol.ROSTER_CARD, protocol.BATCH_ANNOUNCEMENT, protocol.ROLLOUT_BATCH
 
-    card_signed = protocol.signing_bytes(RC, SWARM, protocol.canonical_packb(card.to_body()))
+    card_signed = codec.signing_bytes(RC, SWARM, codec.canonical_packb(card.to_body()))
     forged = card_bytes.replace(A.sign(card_signed), B.sign(card_signed))
     assert forged != card_bytes and len(forged) == len(card_bytes)
 
@@ -206,17 +209,17 @@ def build_vectors() -> list[dict[str, Any]]:
 
     small_order_key = bytes([1]) + bytes(31)  # the neutral point: "verifies" S = 0 with R = neutral
     small_body = with_body(card, peer_id=peer_id_from_public_key(small_order_key))
-    small = protocol.pack_envelope(
-        RC, protocol.canonical_packb(small_body), small_order_key, bytes([1]) + bytes(63)
+    small = codec.pack_envelope(
+        RC, codec.canonical_packb(small_body), small_order_key, bytes([1]) + bytes(63)
     )
 
-    unsorted_body = protocol.canonical_packb(card.to_body())  # signature over the canonical body ...
-    sig = A.sign(protocol.signing_bytes(RC, SWARM, unsorted_body))
+    unsorted_body = codec.canonical_packb(card.to_body())  # signature over the canonical body ...
+    sig = A.sign(codec.signing_bytes(RC, SWARM, unsorted_body))
     raw_env = {"b": card.to_body(), "k": A.public_key, "s": sig, "t": RC, "v": 1}  # ... body sent unsorted
     non_canonical_order = msgpack.packb(raw_env, use_bin_type=True)
 
     f32_env = msgpack.packb(
-        {"b": protocol._canonical(card.to_body(), 1), "k": A.public_key, "s": sig, "t": RC, "v": 1},
+        {"b": codec._canonical(card.to_body(), 1), "k": A.public_key, "s": sig, "t": RC, "v": 1},
         use_bin_type=True,
         use_single_float=True,
     )
@@ -283,7 +286,7 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "rollout_batch_valid_no_logprobs",
             "The same groups without log-probs or token ids (nil).",
-            protocol.encode_message(A, SWARM, batch_plain),
+            codec.encode_message(A, SWARM, batch_plain),
             "accept",
             expected_type=RB,
         ),
@@ -297,14 +300,14 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "roster_card_unknown_fields",
             "Unknown body fields are ignored but signed, and re-encode exactly.",
-            protocol.encode_message(A, SWARM, extra_card),
+            codec.encode_message(A, SWARM, extra_card),
             "accept",
             expected_type=RC,
         ),
         message(
             "rollout_batch_unknown_nested_fields",
             "Unknown fields inside a group, a task and a completion.",
-            protocol.encode_message(A, SWARM, extra_batch),
+            codec.encode_message(A, SWARM, extra_batch),
             "accept",
             expected_type=RB,
         ),
@@ -312,7 +315,7 @@ def build_vectors() -> list[dict[str, Any]]:
             "rollout_batch_encoding_boundaries",
             "Canonical-form edge cases: every integer width at its limits, -0.0, str8/str16, array16, "
             "map16, bin16, non-ASCII text and map keys sorted by UTF-8 bytes.",
-            protocol.encode_message(A, SWARM, boundaries),
+            codec.encode_message(A, SWARM, boundaries),
             "accept",
             expected_type=RB,
         ),
@@ -436,7 +439,7 @@ def build_vectors() -> list[dict[str, Any]]:
         message(
             "wrong_swarm",
             "Validly signed for swarm 'other-swarm'.",
-            protocol.encode_message(A, "other-swarm", roster_card(swarm_id="other-swarm")),
+            codec.encode_message(A, "other-swarm", roster_card(swarm_id="other-swarm")),
             "wrong_swarm",
             expected_type=RC,
         ),

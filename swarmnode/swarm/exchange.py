@@ -4,104 +4,38 @@ Per round the node (1) puts its local groups into one signed RolloutBatch, offer
 stream handler and announces it in the DHT; (2) polls the roster and the announcements, pulls every new
 batch, and lets the Verifier regenerate questions and recompute rewards; (3) stops waiting once every
 live peer has delivered since the last round or the deadline passes, whichever is first, and never
-later; (4) chooses J external groups: zero-advantage groups dropped after local re-scoring, freshest
-first, uniform among equally fresh ones. Each peer group is trained on at most once.
+later; (4) chooses J peer groups (``GroupPool.select``): zero-advantage groups dropped after local
+re-scoring, freshest first, uniform among equally fresh ones. Each peer group is trained on at most once.
 
-Audit trail: every peer group chosen for training is appended as one JSON line to
-``<run_dir>/peer_groups.jsonl``: our ``round``, the ``producer`` peer id (the verified signer), its
-``producer_round``, ``policy_version`` and ``model``, the ``task`` (``TaskRef.key()``), the number of
-``completions`` and ``texts_sha256`` (sha256 of the JSON list of completion texts). Append-only: after a
-resume from a checkpoint, rounds that run again can appear twice.
-
-Timing trace (for benchmarks/swarm_latency.py): with ``SWARMNODE_SHARE_TRACE=1`` in the environment the
-node appends one JSON line per event to ``<run_dir>/share.jsonl``, all times wall-clock ``time.time()``:
-``publish`` (own batch: publish start, announcement timestamp, DHT store done), ``batch`` (one per peer
-batch pulled: the announcement's signed timestamp, when the DHT get that first showed it started and
-returned, fetch start and end, verification end, groups accepted or the fetch failure reason) and
-``exchange`` (start, end, live peers, peers delivered). Off by default: nothing is written.
+What it writes down (counters, status.json, the peer_groups.jsonl audit trail, the opt-in share
+trace) is ``swarm.records``; the pool, dedup and the choice of J are ``swarm.pool``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from swarmnode.common import BoundedSet, atomic_write, log
+from swarmnode.common import BoundedSet, log
 from swarmnode.config import NodeConfig
 from swarmnode.errors import TransportError
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, convert, protocol, records
 from swarmnode.swarm.peers import PeerBook
+from swarmnode.swarm.pool import GroupPool
+from swarmnode.swarm.records import ShareTrace, SwarmCounters
 from swarmnode.swarm.transport import Transport
 from swarmnode.swarm.verify import Verifier
 
 POLL_INTERVAL_S = 0.5
-MAX_POOL_GROUPS = 512
-MAX_SEEN_GROUPS = 65536  # content digests remembered for dedup (~100 B each)
 MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
 MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so each is logged once
 MAX_FETCH_ATTEMPTS = 2
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
-SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
-SHARE_TRACE_FILE = "share.jsonl"
-PEER_GROUPS_FILE = "peer_groups.jsonl"
-
-
-def texts_digest(group: RolloutGroup) -> str:
-    """sha256 of the JSON list of the group's completion texts."""
-    texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
-    return hashlib.sha256(texts.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def group_digest(group: RolloutGroup) -> str:
-    """Identity of a group's content: its task and its completion texts, whoever sent it."""
-    return hashlib.sha256(f"{group.ref.key()}\n{texts_digest(group)}".encode()).hexdigest()
-
-
-@dataclass
-class PooledGroup:
-    group: RolloutGroup
-    arrived_round: int  # our round when it arrived: the freshness tier
-
-
-ARRIVAL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-
-
-@dataclass
-class ArrivalHistogram:
-    """Seconds from a peer's signed announcement to its batch verified here (cumulative buckets)."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * len(ARRIVAL_BUCKETS_S))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, seconds: float) -> None:
-        seconds = max(seconds, 0.0)  # clocks agree only within a few seconds
-        for i, bound in enumerate(ARRIVAL_BUCKETS_S):
-            if seconds <= bound:
-                self.counts[i] += 1
-        self.total += seconds
-        self.n += 1
-
-
-@dataclass
-class SwarmCounters:
-    batches_published: int = 0
-    groups_published: int = 0
-    batches_received: int = 0
-    groups_accepted: int = 0
-    groups_trained: int = 0
-    duplicate_groups: int = 0
-    fetch_failures: Counter = field(default_factory=Counter)
-    arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
 
 
 class Swarm:
@@ -138,14 +72,12 @@ class Swarm:
             str, protocol.BatchAnnouncement
         ] = {}  # verified and new, to pull at the next poll
         self._fetch_attempts: Counter[bytes] = Counter()
-        self._seen_groups: BoundedSet[str] = BoundedSet(MAX_SEEN_GROUPS)  # group_digest()s
-        self._pool: list[PooledGroup] = []
+        self.pool = GroupPool(random.Random(identity.peer_id))
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
         self._settled: set[str] = set()
         self._last_seq = 0
-        self._rng = random.Random(identity.peer_id)
-        self._trace_path = run_dir / SHARE_TRACE_FILE if os.environ.get(SHARE_TRACE_ENV) == "1" else None
+        self._trace = ShareTrace(run_dir)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -163,16 +95,6 @@ class Swarm:
         """Strictly increasing across restarts too (wall-clock milliseconds)."""
         self._last_seq = max(self._last_seq + 1, int(time.time() * 1000))
         return self._last_seq
-
-    def _trace(self, event: str, **fields) -> None:
-        """One line of the opt-in timing trace (see the module docstring); never raises."""
-        if self._trace_path is None:
-            return
-        try:
-            with self._trace_path.open("a") as f:
-                f.write(json.dumps({"event": event, **fields}) + "\n")
-        except OSError:
-            pass
 
     @property
     def _round_ttl_s(self) -> float:
@@ -199,7 +121,7 @@ class Swarm:
             timestamp=time.time(),
             seq=self._next_seq(),
         )
-        record = protocol.encode_message(self.identity, self.swarm_id, card)
+        record = codec.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(
             protocol.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
@@ -212,7 +134,7 @@ class Swarm:
         if not groups:
             return
         t_start = time.time()
-        batch = protocol.make_rollout_batch(
+        batch = convert.make_rollout_batch(
             groups,
             peer_id=self.identity.peer_id,
             swarm_id=self.swarm_id,
@@ -224,10 +146,10 @@ class Swarm:
             seq=self._next_seq(),
             include_logprobs=self.cfg.swarm.share_logprobs,
         )
-        data = protocol.encode_message(self.identity, self.swarm_id, batch)
+        data = codec.encode_message(self.identity, self.swarm_id, batch)
         announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.offer(announcement.payload_sha256, data)
-        record = protocol.encode_message(self.identity, self.swarm_id, announcement)
+        record = codec.encode_message(self.identity, self.swarm_id, announcement)
         stored = self.transport.put_record(
             protocol.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
@@ -249,7 +171,7 @@ class Swarm:
             if peer == self.identity.peer_id:
                 continue
             try:
-                card, _ = protocol.decode_message(
+                card, _ = codec.decode_message(
                     record, swarm_id=self.swarm_id, expected_type=protocol.ROSTER_CARD, expected_peer_id=peer
                 )
             except protocol.ProtocolError as exc:
@@ -328,14 +250,14 @@ class Swarm:
             trace["fetched"] = time.time()
             self._fetch_attempts.pop(announcement.payload_sha256, None)
             self.counters.batches_received += 1
-            groups = self._unseen(self.verifier.check_batch(announcement, data, peer))
+            groups, duplicates = self.pool.unseen(self.verifier.check_batch(announcement, data, peer))
+            self.counters.duplicate_groups += duplicates
             self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
             self._settled.add(peer)
             if groups:
                 self.counters.arrival.observe(time.time() - announcement.timestamp)
                 self.counters.groups_accepted += len(groups)
-                self._pool.extend(PooledGroup(g, round_) for g in groups)
-        del self._pool[:-MAX_POOL_GROUPS]
+                self.pool.add(groups, round_)
 
     def _after_failed_fetch(self, peer: str, announcement: protocol.BatchAnnouncement, reason: str) -> None:
         """Transient failures are retried at the next poll (bounded); an oversized frame is the
@@ -350,19 +272,6 @@ class Swarm:
             return
         self._fetch_attempts.pop(digest, None)
         self._settled.add(peer)
-
-    def _unseen(self, groups: list[RolloutGroup]) -> list[RolloutGroup]:
-        """Drop groups whose task and completion texts already arrived (from anyone): the same
-        completions re-signed in a new batch are never trained on twice."""
-        fresh = []
-        for group in groups:
-            digest = group_digest(group)
-            if digest in self._seen_groups:
-                self.counters.duplicate_groups += 1
-                continue
-            self._seen_groups.add(digest)
-            fresh.append(group)
-        return fresh
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
@@ -384,92 +293,20 @@ class Swarm:
             delivered=len(live & self._settled),
         )  # fmt: skip
         self._settled.clear()
-        chosen = self.select(self.cfg.swarm.external_per_round)
+        chosen = self.pool.select(self.cfg.swarm.peer_groups_per_round)
         self.counters.groups_trained += len(chosen)
-        self.record_trained(round_, chosen)
+        records.append_peer_groups(self.run_dir, round_, chosen)
         self.write_status(round_, policy_version)
         return chosen
-
-    def record_trained(self, round_: int, groups: list[RolloutGroup]) -> None:
-        """Append one line per peer group chosen for training to ``<run_dir>/peer_groups.jsonl`` (audit)."""
-        if not groups:
-            return
-        with (self.run_dir / PEER_GROUPS_FILE).open("a") as f:
-            for group in groups:
-                p = group.provenance
-                line = {
-                    "round": round_,
-                    "producer": p.producer,
-                    "producer_round": p.round,
-                    "policy_version": p.policy_version,
-                    "model": p.model_name,
-                    "task": group.ref.key(),
-                    "completions": len(group.completions),
-                    "texts_sha256": texts_digest(group),
-                }
-                f.write(json.dumps(line) + "\n")
-
-    def select(self, count: int) -> list[RolloutGroup]:
-        """SAPO choice: informative groups only, freshest arrival first, uniform within a tier."""
-        candidates = [p for p in self._pool if p.group.informative]
-        self._rng.shuffle(candidates)
-        candidates.sort(key=lambda p: -p.arrived_round)  # stable: shuffled order kept within a tier
-        chosen = candidates[:count]
-        chosen_ids = {id(p) for p in chosen}
-        self._pool = [p for p in self._pool if id(p) not in chosen_ids and p.group.informative]
-        return [p.group for p in chosen]
 
     # -- status ----------------------------------------------------------------------------------
 
     def status(self, round_: int, policy_version: int) -> dict:
-        now = time.time()
-        return {
-            "peer_id": self.identity.peer_id,
-            "swarm_id": self.swarm_id,
-            "addrs": self.addrs,
-            "round": round_,
-            "policy_version": policy_version,
-            "model": self.policy.name,
-            "tokenizer": self.policy.tokenizer_fingerprint,
-            "connected": self.transport.connected_peer_count(),
-            "updated": now,
-            "peers": {
-                peer: {
-                    "model": card.model_name,
-                    "tokenizer": card.tokenizer_fingerprint,
-                    "policy_version": card.policy_version,
-                    "round": card.round,
-                    "seen_s_ago": round(now - card.timestamp, 1),
-                    "banned": self.book.is_banned(peer),
-                }
-                for peer, card in sorted(self.roster.items())
-            },
-            "rollouts": {
-                "batches_published": self.counters.batches_published,
-                "groups_published": self.counters.groups_published,
-                "batches_received": self.counters.batches_received,
-                "groups_accepted": self.counters.groups_accepted,
-                "groups_trained": self.counters.groups_trained,
-                "duplicate_groups": self.counters.duplicate_groups,
-                "groups_pooled": len(self._pool),
-            },
-            "arrival_s": {
-                "buckets": dict(zip(map(str, ARRIVAL_BUCKETS_S), self.counters.arrival.counts, strict=True)),
-                "sum": self.counters.arrival.total,
-                "count": self.counters.arrival.n,
-            },
-            "rejected": dict(sorted(self.verifier.rejections.items())),
-            "fetch_failures": dict(self.counters.fetch_failures),
-            "bans": [
-                {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
-                for peer, remaining, count, reason in self.book.bans()
-            ],
-        }
+        return records.status(self, round_, policy_version)
 
     def write_status(self, round_: int, policy_version: int) -> None:
-        """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
+        """``<run_dir>/status.json`` (``records.write_status``), also handed to ``on_status``."""
         status = self.status(round_, policy_version)
-        path = self.run_dir / "status.json"
-        atomic_write(path, json.dumps(status, indent=1))
+        records.write_status(self.run_dir, status)
         if self.on_status is not None:
             self.on_status(status)

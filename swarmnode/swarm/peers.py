@@ -12,7 +12,8 @@ A ``PeerBook`` remembers, for each peer id it has had to judge:
 - **sequence numbers**: the highest ``seq`` accepted per (peer, message type), so an old signed record
   written back into the DHT is a ``replay`` while the same record read twice is a harmless duplicate.
 - **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups and falls
-  with every strike. It only informs (status, metrics, peer choice); bans come from strikes.
+  with every strike. Only ``reputation()`` and ``snapshot()`` read it: peer choice, bans, status and
+  metrics do not use it (bans come from strikes).
 
 Memory is bounded: at most ``max_peers`` peers are tracked; the least recently seen peer that is not
 banned makes room for a new one. Lookups (``is_banned``) never create an entry, so probing with made-up

@@ -1,19 +1,22 @@
-"""The wire protocol, version 1: the one module with the wire types. ``protocol/PROTOCOL.md`` is the spec.
+"""The wire protocol, version 1: the wire types, their limits and the reject reasons. The spec is
+``protocol/PROTOCOL.md``; this module mirrors it.
 
 Three signed messages travel between nodes: a ``RosterCard`` ("I am here, this model, these addresses";
 a DHT record), a ``BatchAnnouncement`` ("I have a rollout batch for round r with this sha256"; a DHT
 record) and the ``RolloutBatch`` itself (pulled over a libp2p stream, framed by this module).
 
 Every message is a canonical msgpack envelope ``{"b": body, "k": public key, "s": signature, "t": type,
-"v": 1}`` signed with the sender's Ed25519 identity (the key of its libp2p peer id). ``decode_message``
-checks, cheapest first: size, msgpack with hard limits, envelope shape, version, canonical form,
-signature, peer id == key, expected sender, swarm, then every field. It raises ``ProtocolError`` with a
-``reason`` from ``REJECT_REASONS`` and nothing else, whatever the input. State-dependent checks
-(timestamp window, per-sender sequence numbers, payload hash vs announcement) belong to the caller;
-``check_fresh`` and ``check_payload`` are the pure parts of them.
+"v": 1}`` signed with the sender's Ed25519 identity (the key of its libp2p peer id). ``swarm.codec``
+encodes and decodes them: ``codec.decode_message`` checks, cheapest first: size, msgpack with hard
+limits, envelope shape, version, canonical form, signature, peer id == key, expected sender, swarm, then
+every field (each type's ``from_body``). It raises ``ProtocolError`` with a ``reason`` from
+``REJECT_REASONS`` and nothing else, whatever the input. State-dependent checks (timestamp window,
+per-sender sequence numbers, payload hash vs announcement) belong to the caller; ``check_fresh`` here
+and ``codec.check_payload`` are the pure parts of them.
 
 A batch carries task references, completions and *claimed* rewards only: no question, no answer. The
-receiver regenerates both from the ``TaskRef`` and recomputes rewards itself (``received_groups``).
+receiver regenerates both from the ``TaskRef`` and recomputes rewards itself (``swarm.verify``;
+``swarm.convert`` turns rollouts into wire types and back).
 """
 
 from __future__ import annotations
@@ -24,12 +27,10 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import msgpack
-
-from swarmnode.identity import Identity, peer_id_from_public_key, verify_signature
-from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
+if TYPE_CHECKING:  # the field reader sits above this module (codec.py imports the types)
+    from swarmnode.swarm.codec import Reader
 
 PROTOCOL_VERSION = 1
 DOMAIN_PREFIX = b"swarmnode/v1/"  # signed bytes = prefix + type + 0x00 + swarm_id + 0x00 + canonical body
@@ -100,12 +101,11 @@ REJECT_REASONS = (
     "hash_mismatch",  # pulled payload's length/sha256 differ from the announcement
 )
 
-_SWARM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_FINGERPRINT_RE = re.compile(r"[0-9a-f]*")
-_DATASET_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
-_ADDR_RE = re.compile(r"/[\x21-\x7e]*")
-_NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f]*")
-_ENVELOPE_KEYS = frozenset("bkstv")
+SWARM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+FINGERPRINT_RE = re.compile(r"[0-9a-f]*")
+DATASET_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
+ADDR_RE = re.compile(r"/[\x21-\x7e]*")
+NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f]*")
 
 
 class ProtocolError(Exception):
@@ -141,9 +141,9 @@ class WireTask:
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> WireTask:
+    def from_body(cls, r: Reader) -> WireTask:
         return cls(
-            dataset=r.str("dataset", MAX_DATASET_BYTES, _DATASET_RE, min_bytes=1),
+            dataset=r.str("dataset", MAX_DATASET_BYTES, DATASET_RE, min_bytes=1),
             config=r.config("config"),
             seed=r.int("seed", INT64_MIN, INT64_MAX),
             index=r.int("index", 0, INT64_MAX),
@@ -169,16 +169,14 @@ class WireCompletion:
                 "text": self.text,
                 "n_tokens": self.n_tokens,
                 "finished": self.finished,
-                "logprobs": None if self.logprobs is None else _pack_array("f", self.logprobs, "logprobs"),
-                "token_ids": None
-                if self.token_ids is None
-                else _pack_array("I", self.token_ids, "token_ids"),
+                "logprobs": None if self.logprobs is None else pack_array("f", self.logprobs, "logprobs"),
+                "token_ids": None if self.token_ids is None else pack_array("I", self.token_ids, "token_ids"),
             },
             self.extra,
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> WireCompletion:
+    def from_body(cls, r: Reader) -> WireCompletion:
         text = r.str("text", MAX_COMPLETION_TEXT_BYTES)
         n_tokens = r.int("n_tokens", 0, MAX_COMPLETION_TOKENS, over_limit=True)
         finished = r.bool("finished")
@@ -215,7 +213,7 @@ class WireGroup:
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> WireGroup:
+    def from_body(cls, r: Reader) -> WireGroup:
         task = WireTask.from_body(r.map("task"))
         completions = tuple(
             WireCompletion.from_body(c) for c in r.maps("completions", MAX_COMPLETIONS_PER_GROUP, min_len=1)
@@ -265,16 +263,16 @@ class RosterCard:
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> RosterCard:
+    def from_body(cls, r: Reader) -> RosterCard:
         return cls(
             peer_id=r.peer_id(),
             swarm_id=r.swarm_id(),
             protocol_version=r.int("protocol_version", 1, INT64_MAX),
-            model_name=r.str("model_name", MAX_NAME_BYTES, _NO_CONTROL_RE, min_bytes=1),
-            tokenizer_fingerprint=r.str("tokenizer_fingerprint", MAX_FINGERPRINT_CHARS, _FINGERPRINT_RE),
+            model_name=r.str("model_name", MAX_NAME_BYTES, NO_CONTROL_RE, min_bytes=1),
+            tokenizer_fingerprint=r.str("tokenizer_fingerprint", MAX_FINGERPRINT_CHARS, FINGERPRINT_RE),
             policy_version=r.int("policy_version", 0, INT64_MAX),
             round=r.int("round", 0, INT64_MAX),
-            addrs=r.strs("addrs", MAX_ADDRS, MAX_ADDR_BYTES, _ADDR_RE),
+            addrs=r.strs("addrs", MAX_ADDRS, MAX_ADDR_BYTES, ADDR_RE),
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
             extra=r.extra(),
@@ -317,7 +315,7 @@ class BatchAnnouncement:
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> BatchAnnouncement:
+    def from_body(cls, r: Reader) -> BatchAnnouncement:
         return cls(
             peer_id=r.peer_id(),
             swarm_id=r.swarm_id(),
@@ -367,14 +365,14 @@ class RolloutBatch:
         )
 
     @classmethod
-    def from_body(cls, r: _Reader) -> RolloutBatch:
+    def from_body(cls, r: Reader) -> RolloutBatch:
         return cls(
             peer_id=r.peer_id(),
             swarm_id=r.swarm_id(),
             round=r.int("round", 0, INT64_MAX),
             policy_version=r.int("policy_version", 0, INT64_MAX),
-            model_name=r.str("model_name", MAX_NAME_BYTES, _NO_CONTROL_RE, min_bytes=1),
-            tokenizer_fingerprint=r.str("tokenizer_fingerprint", MAX_FINGERPRINT_CHARS, _FINGERPRINT_RE),
+            model_name=r.str("model_name", MAX_NAME_BYTES, NO_CONTROL_RE, min_bytes=1),
+            tokenizer_fingerprint=r.str("tokenizer_fingerprint", MAX_FINGERPRINT_CHARS, FINGERPRINT_RE),
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
             groups=tuple(WireGroup.from_body(g) for g in r.maps("groups", MAX_GROUPS_PER_BATCH, min_len=1)),
@@ -383,179 +381,7 @@ class RolloutBatch:
 
 
 Message = RosterCard | BatchAnnouncement | RolloutBatch
-_CLASSES: dict[str, type] = {c.TYPE: c for c in (RosterCard, BatchAnnouncement, RolloutBatch)}
-
-
-# ============================================================================================
-# Canonical encoding, signing, envelope
-# ============================================================================================
-
-
-def canonical_packb(obj: Any) -> bytes:
-    """The canonical msgpack encoding (PROTOCOL.md): map keys are strings sorted by their UTF-8 bytes,
-    str/bin types distinct, shortest length and integer forms, every float as float64, no ext types."""
-    try:
-        return msgpack.packb(_canonical(obj, 1), use_bin_type=True)
-    except (UnicodeEncodeError, OverflowError, ValueError, TypeError) as e:  # lone surrogates, huge ints
-        raise ProtocolError("bad_field", f"not encodable: {e}"[:200]) from None
-
-
-def signing_bytes(msg_type: str, swarm_id: str, body_bytes: bytes) -> bytes:
-    """The bytes an envelope's signature covers (domain-separated by version, type and swarm)."""
-    return DOMAIN_PREFIX + msg_type.encode() + b"\x00" + swarm_id.encode() + b"\x00" + body_bytes
-
-
-def pack_envelope(
-    msg_type: str, body_bytes: bytes, public_key: bytes, signature: bytes, version: int = 1
-) -> bytes:
-    """Canonical envelope around an already canonical body: the map {b, k, s, t, v} in that key order."""
-    rest = msgpack.packb(
-        {"k": bytes(public_key), "s": bytes(signature), "t": msg_type, "v": version}, use_bin_type=True
-    )
-    return b"\x85\xa1b" + body_bytes + rest[1:]  # fixmap of 5, "b", body, then k s t v (minus 0x84 header)
-
-
-def encode_message(identity: Identity, swarm_id: str, msg: Message) -> bytes:
-    """Validate, sign and encode ``msg``. Raises ProtocolError if peers would reject it (same checks)."""
-    cls = type(msg)
-    if cls not in _CLASSES.values():
-        raise TypeError(f"not a wire message: {cls.__name__}")
-    if msg.peer_id != identity.peer_id:
-        raise ValueError(
-            f"message peer_id {msg.peer_id!r} is not the signing identity's {identity.peer_id!r}"
-        )
-    if msg.swarm_id != swarm_id:
-        raise ValueError(f"message swarm_id {msg.swarm_id!r} differs from {swarm_id!r}")
-    body = msg.to_body()
-    cls.from_body(_Reader(body, ""))  # exactly the receiver's field checks
-    body_bytes = canonical_packb(body)
-    signature = identity.sign(signing_bytes(cls.TYPE, swarm_id, body_bytes))
-    data = pack_envelope(cls.TYPE, body_bytes, identity.public_key, signature)
-    if len(data) > cls.MAX_BYTES:
-        raise ProtocolError("oversize", f"{cls.TYPE} is {len(data)} bytes; the limit is {cls.MAX_BYTES}")
-    return data
-
-
-def decode_message(
-    data: bytes,
-    *,
-    swarm_id: str,
-    expected_type: str | None = None,
-    expected_peer_id: str | None = None,
-) -> tuple[Message, str]:
-    """Check and decode one envelope; returns (message, sender peer id). Raises only ProtocolError.
-
-    ``expected_peer_id``: the peer the bytes must come from (the stream's authenticated remote peer,
-    or the DHT subkey they were stored under).
-    """
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError("decode_message takes bytes")
-    if expected_type is not None and expected_type not in _CLASSES:
-        raise ValueError(f"unknown expected_type {expected_type!r}")
-    data = bytes(data)
-    cap = _CLASSES[expected_type].MAX_BYTES if expected_type else MAX_FRAME_BYTES
-    if len(data) > cap:
-        raise ProtocolError("oversize", f"{len(data)} bytes; the limit is {cap}")
-    envelope = _unpack(data)
-
-    if not isinstance(envelope, dict) or type(envelope.get("v")) is not int:
-        raise ProtocolError("malformed", "not an envelope (a map with an integer 'v')")
-    if envelope["v"] != PROTOCOL_VERSION:
-        raise ProtocolError("bad_version", f"version {envelope['v']}; this node speaks {PROTOCOL_VERSION}")
-    if envelope.keys() != _ENVELOPE_KEYS:
-        raise ProtocolError(
-            "malformed", f"envelope keys {sorted(envelope)}; expected {sorted(_ENVELOPE_KEYS)}"
-        )
-    msg_type, body, key, signature = envelope["t"], envelope["b"], envelope["k"], envelope["s"]
-    if not (isinstance(msg_type, str) and isinstance(body, dict)):
-        raise ProtocolError("malformed", "envelope 't' must be a string and 'b' a map")
-    if not (
-        isinstance(key, bytes) and len(key) == 32 and isinstance(signature, bytes) and len(signature) == 64
-    ):
-        raise ProtocolError("malformed", "envelope 'k' must be 32 bytes and 's' 64 bytes")
-    cls = _CLASSES.get(msg_type)
-    if cls is None:
-        raise ProtocolError("unknown_type", repr(msg_type[:64]))
-    if expected_type is not None and msg_type != expected_type:
-        raise ProtocolError("wrong_type", f"got {msg_type}, expected {expected_type}")
-    if len(data) > cls.MAX_BYTES:
-        raise ProtocolError("oversize", f"{msg_type} is {len(data)} bytes; the limit is {cls.MAX_BYTES}")
-
-    body_bytes = canonical_packb(body)
-    if pack_envelope(msg_type, body_bytes, key, signature) != data:
-        raise ProtocolError("non_canonical", "bytes are not the canonical encoding")
-
-    r = _Reader(body, "")
-    claimed_swarm = r.swarm_id()
-    if not verify_signature(key, signature, signing_bytes(msg_type, claimed_swarm, body_bytes)):
-        raise ProtocolError("bad_signature")
-    sender = peer_id_from_public_key(key)
-    if r.peer_id() != sender:
-        raise ProtocolError("peer_id_mismatch", f"body peer_id is not {sender}")
-    if expected_peer_id is not None and sender != expected_peer_id:
-        raise ProtocolError("wrong_sender", f"signed by {sender}, expected {expected_peer_id}")
-    if claimed_swarm != swarm_id:
-        raise ProtocolError("wrong_swarm", f"swarm {claimed_swarm!r}, this node is in {swarm_id!r}")
-    return cls.from_body(r), sender
-
-
-def _unpack(data: bytes) -> Any:
-    containers = 0
-
-    def count(obj: Any) -> Any:
-        nonlocal containers
-        containers += 1
-        if containers > UNPACK_MAX_CONTAINERS:
-            raise ValueError(f"more than {UNPACK_MAX_CONTAINERS} arrays and maps")
-        return obj
-
-    def pairs(items: list[tuple[Any, Any]]) -> dict[Any, Any]:
-        count(items)
-        out = dict(items)
-        if len(out) != len(items):
-            raise ValueError("duplicate map key")
-        return out
-
-    try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            strict_map_key=True,
-            use_list=True,
-            list_hook=count,
-            object_pairs_hook=pairs,
-            max_str_len=UNPACK_MAX_STR_LEN,
-            max_bin_len=UNPACK_MAX_BIN_LEN,
-            max_array_len=UNPACK_MAX_ARRAY_LEN,
-            max_map_len=UNPACK_MAX_MAP_LEN,
-            max_ext_len=0,
-        )
-    except Exception as e:  # noqa: BLE001 - msgpack raises ValueError subclasses, TypeError, ...
-        raise ProtocolError("malformed", f"{type(e).__name__}: {e}"[:200]) from None
-
-
-def _canonical(obj: Any, depth: int) -> Any:
-    """A copy with map keys sorted and tuples as lists; refuses what v1 bodies cannot hold."""
-    if depth > MAX_NESTING:
-        raise ProtocolError("malformed", f"nested deeper than {MAX_NESTING}")
-    if obj is None or isinstance(obj, bool | str | bytes):
-        return obj
-    if isinstance(obj, int):
-        if not -(2**63) <= obj < 2**64:
-            raise ProtocolError("bad_field", "integer outside the msgpack range")
-        return obj
-    if isinstance(obj, float):
-        return obj
-    if isinstance(obj, list | tuple):
-        return [_canonical(v, depth + 1) for v in obj]
-    if isinstance(obj, dict):
-        if not all(isinstance(k, str) for k in obj):
-            raise ProtocolError("malformed", "map keys must be strings")
-        return {
-            k: _canonical(obj[k], depth + 1)
-            for k in sorted(obj, key=lambda k: k.encode("utf-8", "surrogatepass"))
-        }
-    raise ProtocolError("malformed", f"{type(obj).__name__} is not a v1 wire value")
+MESSAGE_CLASSES: dict[str, type] = {c.TYPE: c for c in (RosterCard, BatchAnnouncement, RolloutBatch)}
 
 
 def _with_extra(known: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -574,173 +400,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _pack_array(code: str, values: Sequence[float | int], name: str) -> bytes:
+def pack_array(code: str, values: Sequence[float | int], name: str) -> bytes:
     try:
         return struct.pack(f"<{len(values)}{code}", *values)
     except (struct.error, OverflowError, TypeError) as e:
         raise ProtocolError("bad_field", f"{name}: {e}") from None
-
-
-# ============================================================================================
-# Field checks
-# ============================================================================================
-
-
-class _Reader:
-    """Typed access to one decoded map; every failure is a ProtocolError naming the field path."""
-
-    def __init__(self, d: dict[str, Any], path: str):
-        self.d, self.path, self.used = d, path, set()
-
-    def take(self, name: str) -> Any:
-        if name not in self.d:
-            raise ProtocolError("missing_field", self.path + name)
-        self.used.add(name)
-        return self.d[name]
-
-    def fail(self, name: str, what: str, reason: str = "bad_field") -> ProtocolError:
-        return ProtocolError(reason, f"{self.path}{name}: {what}")
-
-    def int(self, name: str, lo: int, hi: int, *, over_limit: bool = False) -> int:
-        v = self.take(name)
-        if type(v) is not int:
-            raise self.fail(name, f"expected an integer, got {type(v).__name__}")
-        if not lo <= v <= hi:
-            reason = "over_limit" if over_limit and v > hi else "bad_field"
-            raise self.fail(name, f"{v} outside [{lo}, {hi}]", reason)
-        return v
-
-    def bool(self, name: str) -> bool:
-        v = self.take(name)
-        if type(v) is not bool:
-            raise self.fail(name, f"expected a boolean, got {type(v).__name__}")
-        return v
-
-    def timestamp(self) -> float:
-        v = self.take("timestamp")
-        if type(v) is not float or not math.isfinite(v) or v < 0:
-            raise self.fail("timestamp", "expected finite non-negative float64 seconds")
-        return v
-
-    def str(self, name: str, max_bytes: int, pattern: re.Pattern | None = None, *, min_bytes: int = 0) -> str:
-        return self._check_str(self.take(name), name, max_bytes, pattern, min_bytes)
-
-    def _check_str(
-        self, v: Any, name: str, max_bytes: int, pattern: re.Pattern | None, min_bytes: int
-    ) -> str:
-        if type(v) is not str:
-            raise self.fail(name, f"expected a string, got {type(v).__name__}")
-        n = _utf8_len(v, self.path + name)
-        if n > max_bytes:
-            raise self.fail(name, f"{n} bytes; the limit is {max_bytes}", "over_limit")
-        if n < min_bytes or (pattern is not None and not pattern.fullmatch(v)):
-            raise self.fail(name, "empty or badly formatted")
-        return v
-
-    def peer_id(self) -> str:
-        return self.str("peer_id", MAX_PEER_ID_BYTES, min_bytes=1)
-
-    def swarm_id(self) -> str:
-        return self.str("swarm_id", MAX_SWARM_ID_BYTES, _SWARM_ID_RE, min_bytes=1)
-
-    def bin(self, name: str, size: int) -> bytes:
-        v = self.take(name)
-        if type(v) is not bytes or len(v) != size:
-            raise self.fail(name, f"expected {size} bytes (bin)")
-        return v
-
-    def packed(self, name: str, code: str, count: int) -> tuple | None:
-        v = self.take(name)
-        if v is None:
-            return None
-        if type(v) is not bytes or len(v) != 4 * count:
-            raise self.fail(name, f"expected nil or {4 * count} bytes (bin, {count} x 4-byte little-endian)")
-        return struct.unpack(f"<{count}{code}", v)
-
-    def _list(self, name: str, max_len: int, min_len: int = 0) -> list:
-        v = self.take(name)
-        if type(v) is not list:
-            raise self.fail(name, f"expected an array, got {type(v).__name__}")
-        if len(v) > max_len:
-            raise self.fail(name, f"{len(v)} items; the limit is {max_len}", "over_limit")
-        if len(v) < min_len:
-            raise self.fail(name, f"at least {min_len} item(s) required")
-        return v
-
-    def strs(self, name: str, max_len: int, max_bytes: int, pattern: re.Pattern) -> tuple[str, ...]:
-        items = self._list(name, max_len)
-        return tuple(self._check_str(v, f"{name}[{i}]", max_bytes, pattern, 1) for i, v in enumerate(items))
-
-    def floats(self, name: str, max_len: int) -> tuple[float, ...]:
-        items = self._list(name, max_len)
-        if not all(type(v) is float and math.isfinite(v) for v in items):
-            raise self.fail(name, "expected finite float64 values")
-        return tuple(items)
-
-    def map(self, name: str) -> _Reader:
-        v = self.take(name)
-        if type(v) is not dict:
-            raise self.fail(name, f"expected a map, got {type(v).__name__}")
-        return _Reader(v, f"{self.path}{name}.")
-
-    def maps(self, name: str, max_len: int, min_len: int = 0) -> list[_Reader]:
-        out = []
-        for i, v in enumerate(self._list(name, max_len, min_len)):
-            if type(v) is not dict:
-                raise self.fail(f"{name}[{i}]", f"expected a map, got {type(v).__name__}")
-            out.append(_Reader(v, f"{self.path}{name}[{i}]."))
-        return out
-
-    def config(self, name: str) -> dict[str, Any]:
-        v = self.take(name)
-        if type(v) is not dict:
-            raise self.fail(name, f"expected a map, got {type(v).__name__}")
-        _check_config(v, self.path + name, 1)
-        return v
-
-    def extra(self) -> dict[str, Any]:
-        """Unknown fields: ignored by v1, but kept so the message re-encodes byte for byte."""
-        return {k: v for k, v in self.d.items() if k not in self.used}
-
-
-def _utf8_len(s: str, path: str) -> int:
-    try:
-        return len(s.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ProtocolError("bad_field", f"{path}: not valid UTF-8 (lone surrogate)") from None
-
-
-def _check_config(v: Any, path: str, depth: int) -> None:
-    """Task configs are JSON-like: nil, bool, int64, finite float, short str, small lists and maps."""
-    if depth > MAX_CONFIG_DEPTH:
-        raise ProtocolError("over_limit", f"{path}: nested deeper than {MAX_CONFIG_DEPTH}")
-    if v is None or type(v) is bool:
-        return
-    if type(v) is int:
-        if not INT64_MIN <= v <= INT64_MAX:
-            raise ProtocolError("bad_field", f"{path}: integer outside int64")
-    elif type(v) is float:
-        if not math.isfinite(v):
-            raise ProtocolError("bad_field", f"{path}: not finite")
-    elif type(v) is str:
-        if _utf8_len(v, path) > MAX_CONFIG_STR_BYTES:
-            raise ProtocolError("over_limit", f"{path}: string over {MAX_CONFIG_STR_BYTES} bytes")
-    elif type(v) is list:
-        if len(v) > MAX_CONFIG_LIST:
-            raise ProtocolError("over_limit", f"{path}: list over {MAX_CONFIG_LIST} items")
-        for i, item in enumerate(v):
-            _check_config(item, f"{path}[{i}]", depth + 1)
-    elif type(v) is dict:
-        if len(v) > MAX_CONFIG_ENTRIES:
-            raise ProtocolError("over_limit", f"{path}: map over {MAX_CONFIG_ENTRIES} entries")
-        for k, item in v.items():
-            if not 1 <= _utf8_len(k, path) <= MAX_CONFIG_KEY_BYTES:
-                raise ProtocolError(
-                    "bad_field", f"{path}: key length outside 1..{MAX_CONFIG_KEY_BYTES} bytes"
-                )
-            _check_config(item, f"{path}.{k}", depth + 1)
-    else:
-        raise ProtocolError("bad_field", f"{path}: {type(v).__name__} is not allowed in a task config")
 
 
 # ============================================================================================
@@ -781,22 +445,6 @@ def announcement_for(
     )
 
 
-def check_payload(announcement: BatchAnnouncement, data: bytes, *, swarm_id: str) -> RolloutBatch:
-    """Check pulled bytes against a (decoded, verified) announcement, then decode them as its batch."""
-    if len(data) != announcement.payload_len or payload_digest(data) != announcement.payload_sha256:
-        raise ProtocolError("hash_mismatch", f"{len(data)} bytes do not match the announced payload")
-    batch, _ = decode_message(
-        data, swarm_id=swarm_id, expected_type=ROLLOUT_BATCH, expected_peer_id=announcement.peer_id
-    )
-    assert isinstance(batch, RolloutBatch)
-    for name in ("round", "policy_version"):
-        if getattr(batch, name) != getattr(announcement, name):
-            raise ProtocolError("bad_field", f"batch {name} differs from its announcement")
-    if len(batch.groups) != announcement.n_groups:
-        raise ProtocolError("bad_field", "batch group count differs from its announcement")
-    return batch
-
-
 def encode_pull_request(payload_sha256: bytes) -> bytes:
     if len(payload_sha256) != PULL_REQUEST_BYTES:
         raise ValueError("a pull request is a 32-byte sha256")
@@ -832,7 +480,7 @@ def encode_frame(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
 def validate_swarm_id(swarm_id: str) -> str:
     """Swarm ids name DHT keys: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
     if not (
-        isinstance(swarm_id, str) and len(swarm_id) <= MAX_SWARM_ID_BYTES and _SWARM_ID_RE.fullmatch(swarm_id)
+        isinstance(swarm_id, str) and len(swarm_id) <= MAX_SWARM_ID_BYTES and SWARM_ID_RE.fullmatch(swarm_id)
     ):
         raise ValueError(
             f"invalid swarm id {swarm_id!r}: use 1-{MAX_SWARM_ID_BYTES} letters, digits, '.', '_' or '-', "
@@ -859,112 +507,3 @@ def roster_ttl_s(announce_period_s: float) -> float:
 
 def announce_ttl_s(round_period_s: float) -> float:
     return ANNOUNCE_TTL_ROUNDS * round_period_s
-
-
-# ============================================================================================
-# Conversions to and from the rollout types (rewards on the wire are claims, never inputs)
-# ============================================================================================
-
-
-@dataclass(frozen=True)
-class ReceivedGroup:
-    """A peer's group as received: the verifier regenerates the question from ``ref`` and scores."""
-
-    ref: TaskRef
-    completions: tuple[Completion, ...]
-    claimed_rewards: tuple[float, ...]
-    provenance: Provenance
-
-
-def task_to_wire(ref: TaskRef) -> WireTask:
-    return WireTask(dataset=ref.dataset, config=ref.config_dict(), seed=ref.seed, index=ref.index)
-
-
-def task_from_wire(task: WireTask) -> TaskRef:
-    return TaskRef.make(task.dataset, task.seed, task.index, task.config)
-
-
-def completion_to_wire(
-    c: Completion, *, include_logprobs: bool = True, n_tokens: int | None = None
-) -> WireCompletion:
-    """``n_tokens`` defaults to the length of ``token_ids`` or ``logprobs`` (0 when neither is known).
-    Log-probs travel as float32 and token ids as uint32; both only when their length is ``n_tokens``."""
-    if n_tokens is None:
-        n_tokens = len(c.token_ids) if c.token_ids is not None else len(c.logprobs or ())
-    ids = tuple(c.token_ids) if c.token_ids is not None and len(c.token_ids) == n_tokens else None
-    lps = c.logprobs if include_logprobs and c.logprobs is not None and len(c.logprobs) == n_tokens else None
-    if lps is not None:  # round to float32 now, so the wire object equals what the receiver decodes
-        lps = struct.unpack(f"<{len(lps)}f", _pack_array("f", [float(x) for x in lps], "logprobs"))
-    return WireCompletion(
-        text=c.text,
-        n_tokens=n_tokens,
-        finished=c.finished,
-        logprobs=lps,
-        token_ids=None if ids is None else tuple(int(x) for x in ids),
-    )
-
-
-def completion_from_wire(c: WireCompletion) -> Completion:
-    return Completion(text=c.text, token_ids=c.token_ids, logprobs=c.logprobs, finished=c.finished)
-
-
-def group_to_wire(group: RolloutGroup, *, include_logprobs: bool = True) -> WireGroup:
-    """Claimed rewards are the task scores (no format bonus), which every honest verifier reproduces
-    whatever its own format_reward setting."""
-    return WireGroup(
-        task=task_to_wire(group.ref),
-        completions=tuple(
-            completion_to_wire(c, include_logprobs=include_logprobs) for c in group.completions
-        ),
-        claimed_rewards=tuple(float(r) for r in group.task_scores),
-    )
-
-
-def make_rollout_batch(
-    groups: Sequence[RolloutGroup],
-    *,
-    peer_id: str,
-    swarm_id: str,
-    round: int,
-    policy_version: int,
-    model_name: str,
-    tokenizer_fingerprint: str,
-    timestamp: float,
-    seq: int,
-    include_logprobs: bool = True,
-) -> RolloutBatch:
-    return RolloutBatch(
-        peer_id=peer_id,
-        swarm_id=swarm_id,
-        round=round,
-        policy_version=policy_version,
-        model_name=model_name,
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        timestamp=float(timestamp),
-        seq=seq,
-        groups=tuple(group_to_wire(g, include_logprobs=include_logprobs) for g in groups),
-    )
-
-
-def batch_provenance(batch: RolloutBatch) -> Provenance:
-    return Provenance(
-        source="peer",
-        producer=batch.peer_id,
-        policy_version=batch.policy_version,
-        round=batch.round,
-        model_name=batch.model_name,
-        tokenizer_fingerprint=batch.tokenizer_fingerprint,
-    )
-
-
-def received_groups(batch: RolloutBatch) -> list[ReceivedGroup]:
-    provenance = batch_provenance(batch)
-    return [
-        ReceivedGroup(
-            ref=task_from_wire(g.task),
-            completions=tuple(completion_from_wire(c) for c in g.completions),
-            claimed_rewards=g.claimed_rewards,
-            provenance=provenance,
-        )
-        for g in batch.groups
-    ]

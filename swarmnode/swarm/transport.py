@@ -4,11 +4,12 @@ This module knows nothing about rollouts or verification. It gives the node thre
 
 - ``put_record`` / ``get_records``: small values (<= ``MAX_RECORD_BYTES``) under a DHT key, one subkey
   per peer. hivemind's DHT worker crashes on values over ~64 KiB, so oversize values never reach it.
-- ``offer`` / ``fetch``: a bounded in-memory store of payloads served by their 32-byte digest on
-  ``PAYLOAD_STREAM``, and the client side that pulls one (PROTOCOL.md section 9). The daemon's own length
-  prefixes have no upper bound, so both sides use our 4-byte frame header, hard caps and deadlines.
-- lifecycle: ``start`` launches the DHT process (which owns the p2pd daemon) and a replica of its P2P
-  client in this process, so streams come from our own peer id; ``shutdown`` stops all of it.
+- ``offer`` / ``fetch``: payloads served by their 32-byte digest on ``PAYLOAD_STREAM`` (the serving
+  half, with its caps, is ``swarm.payloads.PayloadServer``, this class's base) and the client side that
+  pulls one (PROTOCOL.md section 9), with our 4-byte frame header, a hard cap and one deadline.
+- lifecycle: ``start`` launches the DHT process (which owns the p2pd daemon; ``swarm.daemon``) and a
+  replica of its P2P client in this process, so streams come from our own peer id; ``shutdown`` stops
+  all of it.
 - reachability (``swarm.reachability``): with ``auto``, ``start`` asks initial peers to dial this node
   back (reachability.py). If none can, it restarts as a DHT client: peers then never wait on it in
   their routing tables, it reaches out to them, and they pull its payloads over the connections it
@@ -32,25 +33,20 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import errno
 import faulthandler
 import functools
 import logging
 import os
-import re
-import socket
-import sys
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
-from swarmnode.identity import Identity, public_key_from_peer_id
-from swarmnode.swarm import reachability
+from swarmnode.identity import public_key_from_peer_id
+from swarmnode.swarm import daemon, reachability
+from swarmnode.swarm.payloads import PayloadServer
 from swarmnode.swarm.protocol import (
     FRAME_HEADER_BYTES,
     MAX_FRAME_BYTES,
@@ -58,10 +54,8 @@ from swarmnode.swarm.protocol import (
     PAYLOAD_STREAM,
     PULL_REQUEST_BYTES,
     ProtocolError,
-    encode_frame_header,
     encode_pull_request,
     parse_frame_header,
-    parse_pull_request,
 )
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported on start(), not on import
@@ -75,34 +69,26 @@ FETCH_FAILURE_REASONS = ("timeout", "not_found", "oversize", "unreachable", "clo
 TRANSPORT_ERROR_REASONS = (
     *FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address", "port_taken", "clock_skew",
 )  # fmt: skip
-CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
 RECORD_GET_TIMEOUT_S = 5.0
 # start-up longer than this many start timeouts (a DHT start, a dial-back, a restart in client mode and
 # their slack) is a hang: every thread's stack goes to stderr
 STARTUP_STACKS_AFTER = 4
-_CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
-
-_WRITE_CHUNK = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
-_PARENT_CHECK_PERIOD_S = 1.0
 
 
-class Transport:
+class Transport(PayloadServer):
     """One node's DHT membership and payload streams. Not usable before ``start`` or after ``shutdown``.
 
-    Serving is bounded so that no peer can exhaust the node: at most ``max_streams_per_peer`` concurrent
-    pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), a request
-    must arrive within ``request_timeout_s`` and the answer must be taken within ``serve_timeout_s``.
-    ``stream_name`` exists for tests (another protocol id); nodes keep the default.
-    ``must_reach_initial_peers=False`` (bootstrap nodes) starts even when no initial peer answers.
+    Serving (``offer``, the stream handler and its caps: ``max_streams_per_peer``, ``max_streams``,
+    ``request_timeout_s``, ``serve_timeout_s``) is ``PayloadServer``'s. ``stream_name`` exists for tests
+    (another protocol id); nodes keep the default. ``must_reach_initial_peers=False`` (bootstrap nodes)
+    starts even when no initial peer answers.
 
     After ``start``: ``client_mode`` (whether the DHT runs as a client), ``reachability`` (the dial-back
     verdict, or "unchecked") and ``reachability_note`` (one line for the user saying what was decided).
 
-    ``stats`` (counters for metrics): served / served_bytes (payloads sent), not_found (asked for a
-    digest we do not hold), refused (stream closed unanswered: filter or caps), bad_request (no or short
-    request in time), aborted (the puller left or was too slow), errors (anything else in the handler),
-    fetch_ok / fetch_bytes, fetch_failed_<reason> for each of FETCH_FAILURE_REASONS, and
-    disconnected_after_timeout (connections closed after a timed-out pull, to be dialled afresh).
+    ``stats`` (counters for metrics): the serving ones (``PayloadServer``), fetch_ok / fetch_bytes,
+    fetch_failed_<reason> for each of FETCH_FAILURE_REASONS, and disconnected_after_timeout (connections
+    closed after a timed-out pull, to be dialled afresh).
     """
 
     def __init__(
@@ -120,35 +106,26 @@ class Transport:
         start_timeout_s: float = 30.0,
         record_timeout_s: float = 10.0,
     ):
-        if payload_capacity < 1:
-            raise ValueError("payload_capacity must be >= 1")
+        super().__init__(
+            payload_capacity=payload_capacity,
+            max_streams_per_peer=max_streams_per_peer,
+            max_streams=max_streams,
+            request_timeout_s=request_timeout_s,
+            serve_timeout_s=serve_timeout_s,
+        )
         self.identity_path = Path(identity_path)
         self.swarm = swarm
         self.must_reach_initial_peers = must_reach_initial_peers
         self.client_mode = False
         self.reachability: str = "unchecked"
         self.reachability_note = ""
-        self.payload_capacity = payload_capacity
         self.stream_name = stream_name
-        self.max_streams_per_peer = max_streams_per_peer
-        self.max_streams = max_streams
-        self.request_timeout_s = request_timeout_s
-        self.serve_timeout_s = serve_timeout_s
         self.start_timeout_s = start_timeout_s
         self.record_timeout_s = record_timeout_s
 
         self.peer_id: str = ""
-        counters = ("served", "served_bytes", "not_found", "refused", "bad_request", "aborted", "errors")
-        fetch_counters = ("fetch_ok", "fetch_bytes", "disconnected_after_timeout")
-        self.stats: dict[str, int] = dict.fromkeys((*counters, *fetch_counters), 0)
+        self.stats.update(dict.fromkeys(("fetch_ok", "fetch_bytes", "disconnected_after_timeout"), 0))
         self.stats.update({f"fetch_failed_{reason}": 0 for reason in FETCH_FAILURE_REASONS})
-
-        self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
-        self._payloads_lock = threading.Lock()
-        self._stats_lock = threading.Lock()
-        self._allow: Callable[[str], bool] = lambda _peer: True
-        self._active: dict[str, int] = {}  # remote peer id -> payload streams being served (loop thread only)
-        self._active_total = 0
         self._record_trouble_logged = False
 
         self._dht: hivemind.DHT | None = None
@@ -173,14 +150,14 @@ class Transport:
                 raise TransportError("closed", "this transport was shut down; create a new one")
             if self._started:
                 raise RuntimeError("Transport.start() called twice")
-            identity = self._check_identity()
-            initial_peers = self._check_initial_peers(identity.peer_id)
-            _check_listen_ports(self.swarm.host_maddrs)
+            identity = daemon.load_identity(self.identity_path)
+            initial_peers = daemon.check_initial_peers(self.swarm.initial_peers, identity.peer_id)
+            daemon.check_listen_ports(self.swarm.host_maddrs)
             self._started = True
             atexit.register(self.shutdown)
             # every wait below is bounded, but hivemind's are not all ours: if start-up still hangs, the
             # threads' stacks on stderr say where (a start-up hang under load 20 was never explained)
-            _dump_stacks_after(STARTUP_STACKS_AFTER * self.start_timeout_s)
+            daemon.dump_stacks_after(STARTUP_STACKS_AFTER * self.start_timeout_s)
             try:
                 mode = self.swarm.reachability
                 maddrs = self._start_network(identity.peer_id, initial_peers, client=mode == "private")
@@ -198,7 +175,14 @@ class Transport:
                 faulthandler.cancel_dump_traceback_later()
 
     def _start_network(self, peer_id: str, initial_peers: list[str], *, client: bool) -> list[str]:
-        self._dht = self._start_dht(initial_peers, client)
+        self._dht = daemon.start_dht(
+            self.swarm,
+            self.identity_path,
+            initial_peers,
+            client=client,
+            must_reach_initial_peers=self.must_reach_initial_peers,
+            start_timeout_s=self.start_timeout_s,
+        )
         self.client_mode = client
         return self._start_replica(peer_id)
 
@@ -234,98 +218,6 @@ class Transport:
             )
         return maddrs
 
-    def _check_identity(self) -> Identity:
-        # hivemind would silently generate an RSA key at a missing path: refuse instead
-        try:
-            return Identity.load(self.identity_path)
-        except FileNotFoundError:
-            raise TransportError(
-                "bad_identity",
-                f"identity file {str(self.identity_path)!r} does not exist; create it with "
-                "`swarmnode keygen`",
-            ) from None
-        except (OSError, ValueError) as exc:
-            raise TransportError("bad_identity", str(exc)) from None
-
-    def _check_initial_peers(self, own_peer_id: str) -> list[str]:
-        from hivemind.utils.multiaddr import Multiaddr
-
-        peers = []
-        for addr in self.swarm.initial_peers:
-            try:
-                peer = Multiaddr(addr)["p2p"]
-            except Exception:
-                raise TransportError(
-                    "bad_address",
-                    f"initial peer {addr!r} is not a full multiaddr; expected something like "
-                    "/ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... (copy it from the other node's startup log)",
-                ) from None
-            if peer != own_peer_id:  # a config that lists this node itself (e.g. a shared bootstrap list)
-                peers.append(addr)
-        if self.swarm.initial_peers and not peers:
-            logger.info("all initial peers are this node itself; starting a new swarm")
-        return peers
-
-    def _start_dht(self, initial_peers: list[str], client: bool) -> hivemind.DHT:
-        import hivemind
-
-        kwargs: dict[str, Any] = {}
-        if self.swarm.announce_maddrs:
-            kwargs["announce_maddrs"] = list(self.swarm.announce_maddrs)
-        if client:  # look for relays at once instead of waiting for AutoNAT to call this node private
-            kwargs.update(use_auto_relay=True, force_reachability="private")
-        elif self.swarm.reachability == "public":  # go-libp2p serves as a relay only when public
-            kwargs["force_reachability"] = "public"
-        if not self.must_reach_initial_peers:
-            kwargs["ensure_bootstrap_success"] = False
-        started = time.monotonic()
-        connect_shared_memory_manager()
-        dht = hivemind.DHT(
-            initial_peers=initial_peers or None,
-            host_maddrs=list(self.swarm.host_maddrs),
-            identity_path=str(self.identity_path),
-            client_mode=client,
-            # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
-            check_if_identity_free=False,
-            start=True,
-            await_ready=False,
-            **kwargs,
-        )
-        try:
-            dht.wait_until_ready(timeout=self.start_timeout_s)
-        except BaseException as exc:
-            _stop_dht_process(dht)
-            raise self._startup_error(exc, initial_peers) from None
-        logger.info("DHT up in %.2f s", time.monotonic() - started)
-        return dht
-
-    def _startup_error(self, exc: BaseException, initial_peers: list[str]) -> TransportError:
-        text = str(exc) or type(exc).__name__
-        clock = _CLOCK_RE.search(text)
-        if clock:
-            offset = float(clock.group(1)) - float(clock.group(2))
-            return TransportError(
-                "clock_skew",
-                f"this machine's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} an "
-                f"initial peer's, and the DHT allows {CLOCK_TOLERANCE_S:.0f} s. Turn on time sync "
-                "(`timedatectl set-ntp true`, or install chrony) and start again.",
-            )
-        if initial_peers and ("bootstrap" in text or isinstance(exc, concurrent.futures.TimeoutError)):
-            tried = ", ".join(initial_peers)
-            return TransportError(
-                "unreachable",
-                f"none of the initial peers answered (tried: {tried}). Check that those nodes are running, "
-                "that each address and port is right and reachable from this machine (firewall, NAT), and "
-                f"that the /p2p/ part is the node's current peer id. ({text.strip()})",
-            )
-        if isinstance(exc, concurrent.futures.TimeoutError):
-            text = f"no answer within {self.start_timeout_s:.0f} s"
-        return TransportError(
-            "startup",
-            f"the libp2p daemon (p2pd) did not start: {text.strip()}. Check that host_maddrs "
-            f"{list(self.swarm.host_maddrs)} are valid addresses of this machine and the ports are free.",
-        )
-
     def _start_replica(self, expected_peer_id: str) -> list[str]:
         """A P2P client in this process on the DHT's daemon: our streams then carry our peer id."""
         from hivemind import DHT
@@ -351,7 +243,7 @@ class Transport:
         self._call(self._p2p.add_binary_stream_handler(reachability.DIALBACK_STREAM, dialback), timeout)
         # if this process dies without shutdown() (kill -9), the DHT process and p2pd must not linger on
         # with our peer id and port: they watch for it and exit
-        watch = functools.partial(_exit_with_parent, parent_pid=os.getpid())
+        watch = functools.partial(daemon.exit_with_parent, parent_pid=os.getpid())
         self._dht.run_coroutine(watch, return_future=True).result(timeout)
         maddrs = [str(m) for m in self._call(self._p2p.get_visible_maddrs(latest=True), timeout)]
         logger.info("transport up as %s at %s", self.peer_id, maddrs)
@@ -369,8 +261,7 @@ class Transport:
         with contextlib.suppress(Exception):
             atexit.unregister(self.shutdown)
         self._stop_network()
-        with self._payloads_lock:
-            self._payloads.clear()
+        self._drop_payloads()
 
     def _stop_network(self) -> None:
         """Stop the handlers, the loop thread, the replica and the DHT process (and its p2pd)."""
@@ -389,7 +280,7 @@ class Transport:
         if loop is not None and not loop.is_running():
             loop.close()
         if self._dht is not None:
-            _stop_dht_process(self._dht)
+            daemon.stop_dht_process(self._dht)
         self._dht = self._p2p = self._loop = self._thread = None
 
     def __enter__(self) -> Transport:
@@ -415,10 +306,6 @@ class Transport:
 
     def _running(self) -> bool:
         return self._started and not self._closed
-
-    def _count(self, key: str, n: int = 1) -> None:
-        with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
-            self.stats[key] = self.stats.get(key, 0) + n
 
     # ------------------------------------------------------------------------------------------
     # DHT records
@@ -505,97 +392,6 @@ class Transport:
             self._record_trouble_logged = True
 
     # ------------------------------------------------------------------------------------------
-    # payloads: serving side
-    # ------------------------------------------------------------------------------------------
-    def offer(self, digest: bytes, data: bytes) -> None:
-        """Serve ``data`` to peers that ask for ``digest``; past payload_capacity the oldest offer goes."""
-        if len(digest) != PULL_REQUEST_BYTES:
-            raise ValueError(f"a digest is {PULL_REQUEST_BYTES} bytes")
-        if not 0 < len(data) <= MAX_FRAME_BYTES:
-            raise TransportError("oversize", f"payload of {len(data)} bytes; it must be 1..{MAX_FRAME_BYTES}")
-        with self._payloads_lock:
-            self._payloads[bytes(digest)] = bytes(data)
-            self._payloads.move_to_end(bytes(digest))
-            while len(self._payloads) > self.payload_capacity:
-                self._payloads.popitem(last=False)
-
-    def set_peer_filter(self, allow: Callable[[str], bool]) -> None:
-        """``allow(peer_id)`` is asked for every incoming stream and before every fetch (ban lists)."""
-        self._allow = allow
-
-    def _allowed(self, peer_id: str) -> bool:
-        try:
-            return bool(self._allow(peer_id))
-        except Exception:
-            logger.exception("peer filter raised for %s; refusing the peer", peer_id)
-            return False
-
-    async def _handle_stream(
-        self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """One pull: read a 32-byte digest, answer with a frame. Every failure is counted, none escapes."""
-        peer = "?"
-        counted = False
-        try:
-            peer = info.peer_id.to_base58()
-            if (
-                self._active_total >= self.max_streams
-                or self._active.get(peer, 0) >= self.max_streams_per_peer
-            ):
-                self._count("refused")
-                return
-            if not self._allowed(peer):
-                self._count("refused")
-                return
-            self._active[peer] = self._active.get(peer, 0) + 1
-            self._active_total += 1
-            counted = True
-            try:
-                request = await asyncio.wait_for(
-                    reader.readexactly(PULL_REQUEST_BYTES), self.request_timeout_s
-                )
-                digest = parse_pull_request(request)
-            except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
-                self._count("bad_request")
-                return
-            try:
-                await asyncio.wait_for(self._send_payload(writer, digest), self.serve_timeout_s)
-            except (TimeoutError, ConnectionError):  # too slow a reader, or it hung up
-                self._count("aborted")
-        except asyncio.CancelledError:  # shutdown
-            raise
-        except Exception as exc:  # a misbehaving client must never take the node down
-            self._count("errors")
-            logger.debug("payload stream from %s failed: %r", peer, exc)
-        finally:
-            if counted:
-                self._active_total -= 1
-                left = self._active.get(peer, 1) - 1
-                if left > 0:
-                    self._active[peer] = left
-                else:
-                    self._active.pop(peer, None)
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
-        """Write the frame for ``digest`` (length 0 when we do not have it), draining per chunk."""
-        with self._payloads_lock:
-            data = self._payloads.get(digest)
-        if data is None:
-            self._count("not_found")
-            writer.write(encode_frame_header(0))
-            await writer.drain()
-            return
-        writer.write(encode_frame_header(len(data)))
-        view = memoryview(data)
-        for offset in range(0, len(data), _WRITE_CHUNK):
-            writer.write(view[offset : offset + _WRITE_CHUNK])
-            await writer.drain()
-        self._count("served")
-        self._count("served_bytes", len(data))
-
-    # ------------------------------------------------------------------------------------------
     # payloads: pulling side
     # ------------------------------------------------------------------------------------------
     def fetch(
@@ -634,15 +430,6 @@ class Transport:
             raise
         self._count("fetch_ok")
         self._count("fetch_bytes", len(data))
-        return data
-
-    def _local_payload(self, digest: bytes, max_bytes: int) -> bytes:
-        with self._payloads_lock:
-            data = self._payloads.get(digest)
-        if data is None:
-            raise TransportError("not_found", "this node does not offer that payload")
-        if len(data) > max_bytes:
-            raise TransportError("oversize", f"payload of {len(data)} bytes; the limit is {max_bytes}")
         return data
 
     async def _fetch(self, peer_id: str, digest: bytes, max_bytes: int, timeout_s: float) -> bytes:
@@ -725,103 +512,14 @@ class Transport:
             return {}
         assert self._dht is not None
         try:
-            return self._dht.run_coroutine(_dht_stats, return_future=True).result(timeout_s)
+            return self._dht.run_coroutine(daemon.dht_stats, return_future=True).result(timeout_s)
         except Exception as exc:
             logger.debug("dht_stats failed: %r", exc)
             return {}
 
 
-async def _dht_stats(_dht: Any, node: Any) -> dict[str, int]:
-    """Runs inside the DHT process."""
-    return {
-        "routing_table_peers": len(node.protocol.routing_table.uid_to_peer_id),
-        "stored_records": len(node.protocol.storage),
-    }
-
-
 async def _gather(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
     return list(await asyncio.gather(*coros))
-
-
-def _check_listen_ports(host_maddrs: list[str]) -> None:
-    """Bind each fixed TCP port of ``host_maddrs`` briefly: a taken port or a foreign IP fails here."""
-    for maddr in host_maddrs:
-        parts = maddr.strip("/").split("/")
-        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] == "0":
-            continue
-        host, port = parts[1], int(parts[3])
-        family = socket.AF_INET6 if parts[0] == "ip6" else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            # SO_REUSEADDR: a previous run's connections in TIME_WAIT do not count as taken; a listener does
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-                sock.listen(1)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    raise TransportError(
-                        "port_taken",
-                        f"TCP port {port} on {host} is already in use, by another node or program "
-                        f"(`ss -ltnp 'sport = :{port}'` shows which). Stop it, choose another port, or "
-                        "listen on port 0 (any free port) in swarm.host_maddrs.",
-                    ) from None
-                raise TransportError(
-                    "startup",
-                    f"cannot listen on {maddr}: {exc.strerror}. Is {host} an address of this machine?",
-                ) from None
-
-
-def _dump_stacks_after(seconds: float) -> None:
-    """Arm faulthandler's watchdog on stderr, or on the real one where sys.stderr has no file descriptor
-    (pytest's capture, notebooks); without either, start-up runs unwatched."""
-    for stream in (sys.stderr, sys.__stderr__):
-        if stream is None:
-            continue
-        try:
-            faulthandler.dump_traceback_later(seconds, file=stream)
-            return
-        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: no fileno()
-            continue
-
-
-def connect_shared_memory_manager(attempts: int = 3) -> None:
-    """Connect this process to torch's shared-memory manager before ``hivemind.DHT()`` needs it.
-
-    hivemind keeps its futures' state in shared memory with torch's ``file_system`` strategy, whose first
-    allocation starts ``torch_shm_manager``. The manager exits when no process has connected to it within
-    2 s, so on a starved machine the allocation in ``hivemind.DHT()`` failed with a bare "No such file or
-    directory" (the manager's socket was gone; a node restarted at load 19 died of it). A new attempt
-    starts a new manager, and once connected the process keeps its connection for good.
-    """
-    import torch
-    import torch.multiprocessing
-
-    if torch.multiprocessing.get_sharing_strategy() != "file_system":
-        return  # hivemind.utils.mpfuture sets file_system unless HIVEMIND_MEMORY_SHARING_STRATEGY says not
-    for attempt in range(1, attempts + 1):
-        try:
-            torch.empty(1, dtype=torch.uint8).share_memory_()
-            return
-        except RuntimeError as exc:
-            if attempt == attempts:
-                raise
-            logger.warning(
-                "torch's shared-memory manager was gone before this process connected (%s); "
-                "starting a new one",
-                exc,
-            )
-
-
-def _stop_dht_process(dht: hivemind.DHT) -> None:
-    """Ask the DHT process to shut down (it stops its p2pd); terminate it if it does not within 5 s."""
-    with contextlib.suppress(Exception):
-        if dht.is_alive():
-            dht.shutdown()
-    with contextlib.suppress(Exception):
-        dht.join(timeout=5.0)
-        if dht.is_alive():
-            dht.terminate()
-            dht.join(timeout=2.0)
 
 
 async def _cancel_other_tasks() -> None:
@@ -832,22 +530,3 @@ async def _cancel_other_tasks() -> None:
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=1.0)
-
-
-async def _exit_with_parent(_dht: Any, node: Any, *, parent_pid: int) -> None:
-    """Runs inside the DHT process: once the node process is gone (kill -9), stop p2pd and exit.
-
-    hivemind's DHT process does not watch its parent, so without this a killed node leaves its DHT
-    process and p2pd running with the node's peer id and port, and a restart cannot take them back.
-    """
-
-    async def watch() -> None:
-        while node.is_alive:  # ends with the DHT node
-            if os.getppid() != parent_pid:
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(node.shutdown(), 5.0)
-                os._exit(0)
-            await asyncio.sleep(_PARENT_CHECK_PERIOD_S)
-
-    # keep a reference on the node so the task is not garbage-collected while it runs
-    node._swarmnode_parent_watch = asyncio.create_task(watch())

@@ -12,11 +12,21 @@ rejected once is not counted again when the next poll reads it again (unless the
 banned? -> stream peer is the announcer -> payload already accepted? -> rate limit -> length, sha256,
 decode, signature and consistency with the announcement -> freshness -> sequence number (a batch signed
 with a seq not above the sender's last one is a ``replay``) -> per-token log-probs in range ->
-every task ref in this node's mix -> regenerate each question and score every completion with this
-node's own verifier -> claimed rewards agree with the recomputed task scores. Any failure rejects the
-whole batch. What comes out are ``RolloutGroup``s with provenance ``source="peer"``, rewards computed
-here, and the peer's token ids and log-probs unchanged (the learner uses them only when the tokenizer
-fingerprint matches its own).
+token ids below this node's vocabulary size (when the batch claims this node's tokenizer) -> every task
+ref in this node's mix -> groups beyond what this node samples itself (more completions than its G, a
+text longer than ``max_new_tokens`` x ``TEXT_BYTES_PER_TOKEN``) are dropped unscored, uncharged
+(``over_cap``: an honest peer may run a larger config) -> regenerate each question and score every
+completion with this node's own verifier, within the scoring budget (``ReceiveLimits``: CPU seconds of
+the verifying thread and wall seconds; an overrun rejects the batch as ``over_budget``, charged when the
+CPU budget ran out) -> claimed rewards agree with the recomputed task scores. Any other failure rejects
+the whole batch. What comes out are ``RolloutGroup``s with provenance ``source="peer"``, rewards
+computed here, and the peer's token ids and log-probs unchanged: the learner re-tokenizes the text and
+uses the peer's log-probs only where its ids equal its own (``learn.batch.to_sequences``).
+
+What a batch can cost: decoding is linear in its <= 4 MiB; the answer the scorer sees is capped per
+dataset (``tasks.answer_char_limit``) and each audited scorer stays under ~10 ms per answer at its cap
+(``tests/unit/test_scorer_audit.py``), so scoring stops within one answer of the budget. Only audited
+datasets may be in a swarm node's mix (``tasks.AUDITED_DATASETS``).
 
 Claimed rewards on the wire are *task scores*: the dataset's own score, without any format bonus, so
 nodes with different ``tasks.format_reward`` settings agree on them. An honest peer (same
@@ -39,29 +49,33 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from swarmnode.common import BoundedSet
+from swarmnode.config import SamplingConfig
 from swarmnode.errors import ConfigError, TaskError
 from swarmnode.rollouts import RolloutGroup, TaskRef
+from swarmnode.swarm.codec import check_payload, decode_message
+from swarmnode.swarm.convert import batch_provenance, completion_from_wire, task_from_wire
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.protocol import (
     BATCH_ANNOUNCEMENT,
+    MAX_COMPLETION_TEXT_BYTES,
+    MAX_COMPLETION_TOKENS,
+    MAX_COMPLETIONS_PER_GROUP,
+    MAX_GROUPS_PER_BATCH,
     REJECT_REASONS,
     ROLLOUT_BATCH,
     BatchAnnouncement,
     ProtocolError,
     RolloutBatch,
+    WireGroup,
     WireTask,
     announce_ttl_s,
-    batch_provenance,
     check_fresh,
-    check_payload,
-    completion_from_wire,
-    decode_message,
     payload_digest,
-    task_from_wire,
 )
-from swarmnode.tasks import CODE_EVAL_SCORERS, TaskBank
+from swarmnode.tasks import AUDITED_DATASETS, CODE_EVAL_SCORERS, TaskBank
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +86,9 @@ VERIFY_REASONS = (
     "bad_task",  # a task ref outside this node's mix (dataset, config, seed/index range, eval seed)
     "reward_mismatch",  # claimed rewards differ from the task scores recomputed here
     "bad_logprobs",  # per-token log-probs positive or implausibly small
+    "bad_token_ids",  # a token id outside this node's vocabulary in a batch that claims its tokenizer
+    "over_cap",  # a group beyond this node's own G or max_new_tokens: dropped alone, unscored, uncharged
+    "over_budget",  # scoring the batch ran past the budget (charged when its CPU budget ran out)
     "internal_error",  # an unexpected exception while checking (logged; never the peer's charge)
 )
 ALL_REASONS = REJECT_REASONS + VERIFY_REASONS
@@ -87,12 +104,54 @@ _NOT_CHARGED = frozenset({"banned", "duplicate_payload", "stale", "internal_erro
 # change with time (a ban ends, a clock catches up), so records rejected for them are checked again.
 _RECHECKED = frozenset({"banned", "stale", "internal_error"})
 _REJECTED_RECORDS = 4096  # remembered rejected records (about 200 KiB)
+SCORE_BUDGET_CPU_S = 2.0  # CPU seconds the verifying thread spends scoring one peer batch
+SCORE_BUDGET_WALL_S = 6.0  # wall seconds for the same: bounds the round's wait on a busy host
+# A wall overrun charges the sender only if the batch had used this share of the CPU budget by then
+# (honest batches cost milliseconds; a host too busy to give scoring that much CPU is not their fault).
+WALL_OVERRUN_CHARGE_FRACTION = 0.5
+TEXT_BYTES_PER_TOKEN = 16  # a completion of n tokens holds at most n x this many bytes of text here
+
+
+@dataclass(frozen=True)
+class ReceiveLimits:
+    """What this node takes from a peer's batch and spends on it; ``for_node`` derives it from its own
+    config (the defaults are the wire maxima and the default budget)."""
+
+    completions_per_group: int = MAX_COMPLETIONS_PER_GROUP
+    text_bytes: int = MAX_COMPLETION_TEXT_BYTES
+    tokenizer_fingerprint: str = ""  # this node's: a batch claiming it must use ids < vocab_size
+    vocab_size: int | None = None
+    score_cpu_s: float = SCORE_BUDGET_CPU_S
+    score_wall_s: float = SCORE_BUDGET_WALL_S
+
+    @classmethod
+    def for_node(
+        cls, sampling: SamplingConfig, *, tokenizer_fingerprint: str, vocab_size: int
+    ) -> ReceiveLimits:
+        """Limits from this node's sampling config; raises ConfigError if that config could not be sent
+        on the wire itself (it would fail at every publish)."""
+        for field, value, limit in (
+            ("completions_per_question", sampling.completions_per_question, MAX_COMPLETIONS_PER_GROUP),
+            ("questions_per_round", sampling.questions_per_round, MAX_GROUPS_PER_BATCH),
+            ("max_new_tokens", sampling.max_new_tokens, MAX_COMPLETION_TOKENS),
+        ):
+            if value > limit:
+                raise ConfigError(
+                    f"sampling.{field} = {value}: the wire protocol carries at most {limit}; lower it to "
+                    "join a swarm"
+                )
+        return cls(
+            completions_per_group=sampling.completions_per_question,
+            text_bytes=min(sampling.max_new_tokens * TEXT_BYTES_PER_TOKEN, MAX_COMPLETION_TEXT_BYTES),
+            tokenizer_fingerprint=tokenizer_fingerprint,
+            vocab_size=vocab_size,
+        )
 
 
 class _Rejected(Exception):
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", *, charged: bool = True):
         super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
+        self.reason, self.detail, self.charged = reason, detail, charged
 
 
 class Verifier:
@@ -107,12 +166,15 @@ class Verifier:
         clock: Callable[[], float] = time.time,
         reward_tolerance: float = 1e-3,
         max_age_s: float = DEFAULT_MAX_AGE_S,
+        limits: ReceiveLimits | None = None,
     ) -> None:
         """``clock`` is wall-clock unix time (message timestamps); ``max_age_s`` is how old an
-        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``.
+        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``; ``limits``
+        what this node takes and spends per batch (default: wire maxima, default budget).
 
         Raises ConfigError if the bank's mix has a dataset whose scorer evaluates answer text as code
-        (``tasks.CODE_EVAL_SCORERS``): scoring peers' completions with it would let them run code here.
+        (``tasks.CODE_EVAL_SCORERS``): scoring peers' completions with it would let them run code here;
+        or any dataset not audited for scoring untrusted answers (``tasks.AUDITED_DATASETS``).
         """
         unsafe = sorted(CODE_EVAL_SCORERS & set(bank.tasks.mix))
         if unsafe:
@@ -121,8 +183,18 @@ class Verifier:
                 "Python (sympy parse_expr), so a peer's completion could run code on this node; a swarm node "
                 f"cannot use it. Remove {', '.join(unsafe)} from the mix or train on it with `swarmnode solo`"
             )
+        unaudited = sorted(set(bank.tasks.mix) - AUDITED_DATASETS)
+        if unaudited:
+            raise ConfigError(
+                f"tasks.mix.{unaudited[0]}: its scorer has not been audited for scoring untrusted answers "
+                f"(cost and gaming), so a swarm node cannot take peers' groups for it. Audited: "
+                f"{', '.join(sorted(AUDITED_DATASETS))}. Remove {', '.join(unaudited)} from the mix or "
+                "train on it with `swarmnode solo`"
+            )
         self.bank = bank
         self.swarm_id = swarm_id
+        self.limits = limits or ReceiveLimits()
+        self.monotonic = time.monotonic  # the wall-budget clock (tests replace it)
         self.book = book
         self.clock = clock
         self.reward_tolerance = reward_tolerance
@@ -189,7 +261,7 @@ class Verifier:
             groups = self._verify_batch(announcement, data, stream_peer)
         except (ProtocolError, _Rejected) as e:
             self._count(e.reason, stream_peer, e.detail)
-            if e.reason not in _NOT_CHARGED:
+            if e.reason not in _NOT_CHARGED and getattr(e, "charged", True):
                 self.book.strike(stream_peer, e.reason)
             return []
         except Exception:  # noqa: BLE001 - peer data must never crash the node
@@ -227,8 +299,32 @@ class Verifier:
         ):
             raise _Rejected("duplicate_payload", "these exact bytes were checked before")
         self._check_logprobs(batch)
+        self._check_token_ids(batch)
         refs = [self._check_ref(g.task) for g in batch.groups]
         return self._score(batch, refs)
+
+    def _check_token_ids(self, batch: RolloutBatch) -> None:
+        """A batch that claims this node's tokenizer must use ids of its vocabulary (ids of another
+        tokenizer are never used, so not checked)."""
+        vocab = self.limits.vocab_size
+        if vocab is None or batch.tokenizer_fingerprint != self.limits.tokenizer_fingerprint:
+            return
+        for i, group in enumerate(batch.groups):
+            for j, completion in enumerate(group.completions):
+                if completion.token_ids and max(completion.token_ids) >= vocab:
+                    raise _Rejected("bad_token_ids", f"groups[{i}].completions[{j}]: id >= {vocab}")
+
+    def _within_caps(self, i: int, wire: WireGroup, peer: str) -> bool:
+        """Whether a group is within what this node samples itself; counts one it drops."""
+        limits = self.limits
+        if len(wire.completions) > limits.completions_per_group:
+            detail = f"groups[{i}]: {len(wire.completions)} completions > {limits.completions_per_group}"
+        elif any(len(c.text.encode("utf-8", "surrogatepass")) > limits.text_bytes for c in wire.completions):
+            detail = f"groups[{i}]: a completion over {limits.text_bytes} bytes"
+        else:
+            return True
+        self._count("over_cap", peer, detail)
+        return False
 
     def _check_logprobs(self, batch: RolloutBatch) -> None:
         for i, group in enumerate(batch.groups):
@@ -251,10 +347,26 @@ class Verifier:
     def _score(self, batch: RolloutBatch, refs: list[TaskRef]) -> list[RolloutGroup]:
         provenance = batch_provenance(batch)
         groups = []
+        cpu_start, cpu_budget = time.thread_time(), self.limits.score_cpu_s
+        wall_end = self.monotonic() + self.limits.score_wall_s
+
+        def check_budget() -> None:  # before every answer: the overshoot is at most one answer's cost
+            cpu = time.thread_time() - cpu_start
+            if cpu > cpu_budget:
+                raise _Rejected("over_budget", f"scoring took over {cpu_budget} s of CPU")
+            if self.monotonic() > wall_end:
+                charged = cpu >= WALL_OVERRUN_CHARGE_FRACTION * cpu_budget
+                raise _Rejected(
+                    "over_budget", f"{cpu:.2f} s of CPU in {self.limits.score_wall_s} s", charged=charged
+                )
+
         for i, (wire, ref) in enumerate(zip(batch.groups, refs, strict=True)):
+            if not self._within_caps(i, wire, batch.peer_id):
+                continue
+            check_budget()
             question = self.bank.question(ref)
             completions = [completion_from_wire(c) for c in wire.completions]
-            group = self.bank.score_group(question, completions, provenance)
+            group = self.bank.score_group(question, completions, provenance, before_each=check_budget)
             for j, (claimed, score) in enumerate(zip(wire.claimed_rewards, group.task_scores, strict=True)):
                 if not abs(claimed - score) <= self.reward_tolerance:
                     raise _Rejected(

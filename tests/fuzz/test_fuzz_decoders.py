@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.identity import Identity, peer_id_from_public_key, public_key_from_peer_id
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, protocol
 from tests.helpers.mutations import (
     ACCEPTED,
     FRAME_SEEDS,
@@ -40,7 +40,7 @@ MiB = 1024 * 1024
 def decode(data: bytes, expected_type: str | None = None) -> tuple[str, protocol.Message | None]:
     """(verdict, message): "accept" or the reject reason. Any other exception fails the test."""
     try:
-        msg, sender = protocol.decode_message(data, swarm_id=SWARM, expected_type=expected_type)
+        msg, sender = codec.decode_message(data, swarm_id=SWARM, expected_type=expected_type)
     except protocol.ProtocolError as exc:
         assert exc.reason in protocol.REJECT_REASONS, exc
         note(f"reject: {exc.reason}")
@@ -53,7 +53,7 @@ def decode(data: bytes, expected_type: str | None = None) -> tuple[str, protocol
 def test_the_seeds_are_the_protocol_vectors():
     assert len(MESSAGE_SEEDS) >= 30 and len(FRAME_SEEDS) >= 4 and len(ACCEPTED) >= 5
     assert len(STRUCTURE_SEEDS) >= 20
-    assert protocol.encode_message(SIGNER, SWARM, decode(min(ACCEPTED, key=len))[1]) == min(ACCEPTED, key=len)
+    assert codec.encode_message(SIGNER, SWARM, decode(min(ACCEPTED, key=len))[1]) == min(ACCEPTED, key=len)
 
 
 @fuzz_settings(scale=3)
@@ -78,7 +78,7 @@ def test_signed_structural_mutants_are_rejected_or_reencode_exactly(mutant):
     data = sign_body(SIGNER, msg_type, body, SWARM)
     verdict, msg = decode(data)
     if verdict == "accept":  # a message that passes every check is canonical and within every limit
-        assert protocol.encode_message(SIGNER, SWARM, msg) == data
+        assert codec.encode_message(SIGNER, SWARM, msg) == data
         assert len(data) <= type(msg).MAX_BYTES
 
 
@@ -114,7 +114,7 @@ def _max_valid_batch() -> bytes:
         peer_id=SIGNER.peer_id, swarm_id=SWARM, round=1, policy_version=1, model_name="m",
         tokenizer_fingerprint="", timestamp=1.0, seq=1, groups=(group,) * 64,
     )  # fmt: skip
-    return protocol.encode_message(SIGNER, SWARM, batch)
+    return codec.encode_message(SIGNER, SWARM, batch)
 
 
 WORST_CASES = {
@@ -205,6 +205,6 @@ def test_peer_ids_map_back_to_exactly_one_key(peer_id):
 
 def test_msgpack_is_never_decoded_without_limits():
     """The one msgpack decode on the network path refuses what the limits refuse (spot check of
-    ``protocol._unpack``; tests/unit/test_security.py checks the source for other decode calls)."""
+    ``codec._unpack``; tests/unit/test_security.py checks the source for other decode calls)."""
     big = msgpack.packb({"v": 1, "b": "x" * (protocol.UNPACK_MAX_STR_LEN + 1)})
     assert decode(big)[0] == "malformed"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from swarmnode.config import TasksConfig
 from swarmnode.rollouts import Completion, Provenance
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.verify import ALL_REASONS
 from swarmnode.tasks import INDEX_LIMIT, SEED_LIMIT, TaskBank
 from tests.helpers.mutations import fuzz_settings, note, sign_body, structural_mutant
@@ -108,7 +108,7 @@ def test_batches_of_adversarial_completions(bank, peer_bank, texts, honest_claim
         groups.append(group)
     batch = peer.batch(groups)
     node = Node(bank)
-    check_outcome(node, bank, deliver(node, peer, protocol.encode_message(HOSTILE, SWARM, batch), batch))
+    check_outcome(node, bank, deliver(node, peer, codec.encode_message(HOSTILE, SWARM, batch), batch))
 
 
 @fuzz_settings(scale=0.5)

@@ -36,7 +36,7 @@ from pathlib import Path
 from swarmnode.config import SwarmConfig, load_config
 from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, convert, protocol
 from swarmnode.swarm.transport import Transport
 from swarmnode.tasks import TaskBank
 
@@ -60,7 +60,7 @@ def audit_key(group: protocol.WireGroup) -> dict:
     """How the receiver's peer_groups.jsonl names this group: task ref key and sha256 of the texts."""
     texts = json.dumps([c.text for c in group.completions], ensure_ascii=False)
     return {
-        "task": protocol.task_from_wire(group.task).key(),
+        "task": convert.task_from_wire(group.task).key(),
         "texts_sha256": hashlib.sha256(texts.encode()).hexdigest(),
     }
 
@@ -132,7 +132,7 @@ class Hostile:
             timestamp=time.time(),
             seq=self.seq(),
         )
-        record = protocol.encode_message(self.identity, self.swarm_id, card)
+        record = codec.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(protocol.roster_key(self.swarm_id), self.peer_id, record, self.ttl_s)
         self.last_roster = time.monotonic()
 
@@ -150,7 +150,7 @@ class Hostile:
         if record is None:
             return None
         try:
-            card, _ = protocol.decode_message(
+            card, _ = codec.decode_message(
                 record,
                 swarm_id=self.swarm_id,
                 expected_type=protocol.ROSTER_CARD,
@@ -208,7 +208,7 @@ class Hostile:
         texts = [f"{marker} {filler}{t}" for t in texts]
         scores = [self.bank.score(question, t)[1] for t in texts]
         return protocol.WireGroup(
-            task=task if task is not None else protocol.task_to_wire(ref),
+            task=task if task is not None else convert.task_to_wire(ref),
             completions=tuple(protocol.WireCompletion(text=t, n_tokens=0) for t in texts),
             claimed_rewards=tuple(float(s) if claims is None else claims for s in scores),
         )
@@ -228,7 +228,7 @@ class Hostile:
         )
 
     def encode(self, batch: protocol.RolloutBatch) -> bytes:
-        return protocol.encode_message(self.identity, self.swarm_id, batch)
+        return codec.encode_message(self.identity, self.swarm_id, batch)
 
     def announce(
         self, digest: bytes, length: int, batch: protocol.RolloutBatch | None, *, seq: int | None = None
@@ -244,7 +244,7 @@ class Hostile:
             timestamp=time.time(),
             seq=self.seq() if seq is None else seq,
         )
-        record = protocol.encode_message(self.identity, self.swarm_id, announcement)
+        record = codec.encode_message(self.identity, self.swarm_id, announcement)
         if not self.transport.put_record(
             protocol.announce_key(self.swarm_id), self.peer_id, record, self.ttl_s
         ):
@@ -311,11 +311,9 @@ class Hostile:
         batch = self.batch([self.group(), self.group()])
         body = batch.to_body()
         body["peer_id"] = self.honest_peer
-        body_bytes = protocol.canonical_packb(body)
-        signature = self.identity.sign(
-            protocol.signing_bytes(protocol.ROLLOUT_BATCH, self.swarm_id, body_bytes)
-        )
-        data = protocol.pack_envelope(protocol.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
+        body_bytes = codec.canonical_packb(body)
+        signature = self.identity.sign(codec.signing_bytes(protocol.ROLLOUT_BATCH, self.swarm_id, body_bytes))
+        data = codec.pack_envelope(protocol.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
         self.send("impersonation", data, batch)
         self.probe_after_ban()
 
@@ -392,7 +390,7 @@ class Hostile:
         for i in range(3):
             if i == 1:
                 ref = self.ref()
-                task = replace(protocol.task_to_wire(ref), extra=injected)
+                task = replace(convert.task_to_wire(ref), extra=injected)
                 group = protocol.WireGroup(
                     task=task,
                     completions=tuple(

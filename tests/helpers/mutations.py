@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from swarmnode.identity import Identity
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -173,13 +173,13 @@ def structural_mutant(draw, body: dict) -> dict:
 def sign_body(identity: Identity, msg_type: str, body: dict, swarm_id: str) -> bytes:
     """Sign any body as its sender would (canonical bytes when it has a canonical form)."""
     try:
-        body_bytes = protocol.canonical_packb(body)
+        body_bytes = codec.canonical_packb(body)
     except protocol.ProtocolError:  # not representable canonically (e.g. nesting): sign the plain encoding
         body_bytes = msgpack.packb(body, use_bin_type=True)
     claimed = body.get("swarm_id")
     swarm = claimed if isinstance(claimed, str) else swarm_id
-    signature = identity.sign(protocol.signing_bytes(msg_type, swarm, body_bytes))
-    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, signature)
+    signature = identity.sign(codec.signing_bytes(msg_type, swarm, body_bytes))
+    return codec.pack_envelope(msg_type, body_bytes, identity.public_key, signature)
 
 
 @st.composite

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from swarmnode.config import TaskSpec
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, convert, protocol
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.verify import ALL_REASONS, Verifier
 from swarmnode.tasks import Question, TaskBank
@@ -94,7 +94,7 @@ class Peer:
 
     def batch(self, groups: list[RolloutGroup] | None = None, **changes) -> protocol.RolloutBatch:
         self.seq += 1
-        batch = protocol.make_rollout_batch(
+        batch = convert.make_rollout_batch(
             groups if groups is not None else self.groups(),
             peer_id=self.identity.peer_id,
             swarm_id=SWARM,
@@ -121,12 +121,12 @@ class Peer:
             timestamp=NOW - 0.5,
             seq=self.seq,
         )
-        return protocol.encode_message(self.identity, SWARM, replace(announcement, **changes))
+        return codec.encode_message(self.identity, SWARM, replace(announcement, **changes))
 
     def publish(self, batch: protocol.RolloutBatch | None = None) -> tuple[bytes, bytes]:
         """(announcement record, payload bytes) of a validly signed batch."""
         batch = batch if batch is not None else self.batch()
-        data = protocol.encode_message(self.identity, SWARM, batch)
+        data = codec.encode_message(self.identity, SWARM, batch)
         return self.announce(data, batch), data
 
 

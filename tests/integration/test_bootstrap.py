@@ -236,7 +236,7 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
     from types import SimpleNamespace
 
     from swarmnode.config import NodeConfig
-    from swarmnode.swarm import protocol
+    from swarmnode.swarm import codec, protocol
     from swarmnode.swarm.exchange import Swarm
     from swarmnode.tasks import TaskBank
 
@@ -263,7 +263,7 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
                 peer_id=ids[name].peer_id, swarm_id=swarm_id, model_name="m", tokenizer_fingerprint="ab",
                 policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=1, protocol_version=version,
             )  # fmt: skip
-            record = protocol.encode_message(ids[name], swarm_id, card)
+            record = codec.encode_message(ids[name], swarm_id, card)
             assert writer.put_record(protocol.roster_key("ours"), ids[name].peer_id, record, 60)
         assert node._live_peers() == {ids["honest"].peer_id}
         assert node._live_peers() == {ids["honest"].peer_id}  # asked again: no new lines

@@ -502,7 +502,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
 _SHARED_MEMORY_PROBE = """
 import sys
 from hivemind.utils.mpfuture import MPFuture  # sets torch's file_system sharing strategy
-from swarmnode.swarm.transport import connect_shared_memory_manager
+from swarmnode.swarm.daemon import connect_shared_memory_manager
 if sys.argv[1] == "connect first":
     connect_shared_memory_manager()
 MPFuture()

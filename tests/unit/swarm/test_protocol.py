@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, convert, protocol
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -80,7 +80,7 @@ def batch(
 def reject_reason(data: bytes, **kwargs) -> str:
     kwargs.setdefault("swarm_id", SWARM)
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.decode_message(data, **kwargs)
+        codec.decode_message(data, **kwargs)
     assert info.value.reason in protocol.REJECT_REASONS
     return info.value.reason
 
@@ -114,10 +114,10 @@ def test_vector(path):
     if v["verdict"] != "accept":
         assert reject_reason(data, **kwargs) == v["verdict"]
         return
-    msg, sender = protocol.decode_message(data, **kwargs)
+    msg, sender = codec.decode_message(data, **kwargs)
     assert sender == v["sender_peer_id"] == msg.peer_id
     signer = Identity.from_seed(bytes.fromhex(v["signer_seed"]))
-    assert protocol.encode_message(signer, v["swarm_id"], msg) == data  # canonical: byte for byte
+    assert codec.encode_message(signer, v["swarm_id"], msg) == data  # canonical: byte for byte
     assert load_make_vectors().body_json(msg.to_body()) == v["body"]
 
 
@@ -144,41 +144,41 @@ def test_make_vectors_regenerates_the_committed_files():
     ids=["card", "card_edge", "batch", "batch_min"],
 )
 def test_encode_decode_roundtrip(msg):
-    data = protocol.encode_message(ME, SWARM, msg)
-    decoded, sender = protocol.decode_message(
+    data = codec.encode_message(ME, SWARM, msg)
+    decoded, sender = codec.decode_message(
         data, swarm_id=SWARM, expected_type=msg.TYPE, expected_peer_id=ME.peer_id
     )
     assert sender == ME.peer_id
     assert decoded == msg
-    assert protocol.encode_message(ME, SWARM, decoded) == data
+    assert codec.encode_message(ME, SWARM, decoded) == data
 
 
 def test_announcement_and_payload_check():
     b = batch()
-    data = protocol.encode_message(ME, SWARM, b)
+    data = codec.encode_message(ME, SWARM, b)
     ann = protocol.announcement_for(b, data, timestamp=b.timestamp, seq=11)
-    ann_bytes = protocol.encode_message(ME, SWARM, ann)
+    ann_bytes = codec.encode_message(ME, SWARM, ann)
     assert len(ann_bytes) <= protocol.MAX_RECORD_BYTES
-    decoded_ann, _ = protocol.decode_message(
+    decoded_ann, _ = codec.decode_message(
         ann_bytes, swarm_id=SWARM, expected_type=protocol.BATCH_ANNOUNCEMENT
     )
-    assert protocol.check_payload(decoded_ann, data, swarm_id=SWARM) == b
+    assert codec.check_payload(decoded_ann, data, swarm_id=SWARM) == b
     with pytest.raises(protocol.ProtocolError, match="hash_mismatch"):
-        protocol.check_payload(decoded_ann, data[:-1] + bytes([data[-1] ^ 1]), swarm_id=SWARM)
+        codec.check_payload(decoded_ann, data[:-1] + bytes([data[-1] ^ 1]), swarm_id=SWARM)
     # a correctly hashed payload that disagrees with its own announcement
     other = replace(b, round=6)
-    other_bytes = protocol.encode_message(ME, SWARM, other)
+    other_bytes = codec.encode_message(ME, SWARM, other)
     lying = replace(
         decoded_ann, payload_sha256=protocol.payload_digest(other_bytes), payload_len=len(other_bytes)
     )
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.check_payload(lying, other_bytes, swarm_id=SWARM)
+        codec.check_payload(lying, other_bytes, swarm_id=SWARM)
     assert info.value.reason == "bad_field"
     # a payload signed by someone else than the announcer
-    theirs = protocol.encode_message(OTHER, SWARM, replace(b, peer_id=OTHER.peer_id))
+    theirs = codec.encode_message(OTHER, SWARM, replace(b, peer_id=OTHER.peer_id))
     forwarded = replace(decoded_ann, payload_sha256=protocol.payload_digest(theirs), payload_len=len(theirs))
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.check_payload(forwarded, theirs, swarm_id=SWARM)
+        codec.check_payload(forwarded, theirs, swarm_id=SWARM)
     assert info.value.reason == "wrong_sender"
 
 
@@ -201,7 +201,7 @@ def test_conversions_from_and_to_rollout_types():
         format_ok=(True, False),
         provenance=Provenance(source="local", producer=ME.peer_id, policy_version=3, round=5),
     )
-    b = protocol.make_rollout_batch(
+    b = convert.make_rollout_batch(
         [group],
         peer_id=ME.peer_id,
         swarm_id=SWARM,
@@ -212,15 +212,16 @@ def test_conversions_from_and_to_rollout_types():
         timestamp=1767225600,
         seq=1,
     )
-    data = protocol.encode_message(ME, SWARM, b)
+    data = codec.encode_message(ME, SWARM, b)
     assert b"What is 5 + 7?" not in data  # no question text on the wire
-    decoded, _ = protocol.decode_message(data, swarm_id=SWARM)
+    decoded, _ = codec.decode_message(data, swarm_id=SWARM)
     assert decoded == b  # logprobs were rounded to float32 when the batch was made
-    [received] = protocol.received_groups(decoded)
-    assert received.ref == ref and received.ref.key() == ref.key()
-    assert received.claimed_rewards == (1.0, 0.0)  # task scores, not the format-shaped rewards
-    assert received.claimed_rewards == (1.0, 0.0)
-    assert received.provenance == Provenance(
+    # what the receiver (verify.Verifier.check_batch) reads back from it
+    [wire] = decoded.groups
+    received_ref = convert.task_from_wire(wire.task)
+    assert received_ref == ref and received_ref.key() == ref.key()
+    assert wire.claimed_rewards == (1.0, 0.0)  # task scores, not the format-shaped rewards
+    assert convert.batch_provenance(decoded) == Provenance(
         source="peer",
         producer=ME.peer_id,
         policy_version=3,
@@ -228,14 +229,14 @@ def test_conversions_from_and_to_rollout_types():
         model_name="tiny-llama",
         tokenizer_fingerprint="cd" * 32,
     )
-    first, second = received.completions
+    first, second = (convert.completion_from_wire(c) for c in wire.completions)
     assert first.text == completions[0].text and first.token_ids == (1, 2, 3) and first.finished
     assert first.logprobs == tuple(
         struct.unpack("<3f", struct.pack("<3f", -0.1, -0.2, -0.3))
     )  # float32 on the wire
     assert second.token_ids == (4, 5) and second.logprobs is None and not second.finished
     # without log-probs
-    b2 = protocol.make_rollout_batch(
+    b2 = convert.make_rollout_batch(
         [group],
         peer_id=ME.peer_id,
         swarm_id=SWARM,
@@ -255,28 +256,28 @@ def test_conversions_from_and_to_rollout_types():
 
 def test_encoder_refuses_what_peers_would_reject():
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.encode_message(ME, SWARM, batch(n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
+        codec.encode_message(ME, SWARM, batch(n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
     assert info.value.reason == "over_limit"
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.encode_message(
+        codec.encode_message(
             ME, SWARM, batch(n_groups=1, text="x" * (protocol.MAX_COMPLETION_TEXT_BYTES + 1))
         )
     assert info.value.reason == "over_limit"
     with pytest.raises(protocol.ProtocolError) as info:  # every field within limits, the whole over 4 MiB
-        protocol.encode_message(
+        codec.encode_message(
             ME, SWARM, batch(n_groups=6, n_completions=64, text="y" * protocol.MAX_COMPLETION_TEXT_BYTES)
         )
     assert info.value.reason == "oversize"
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.encode_message(ME, SWARM, card(addrs=("not-a-multiaddr",)))
+        codec.encode_message(ME, SWARM, card(addrs=("not-a-multiaddr",)))
     assert info.value.reason == "bad_field"
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.encode_message(ME, SWARM, card(timestamp=math.inf))
+        codec.encode_message(ME, SWARM, card(timestamp=math.inf))
     assert info.value.reason == "bad_field"
     with pytest.raises(ValueError):
-        protocol.encode_message(ME, SWARM, card(peer_id=OTHER.peer_id))
+        codec.encode_message(ME, SWARM, card(peer_id=OTHER.peer_id))
     with pytest.raises(ValueError):
-        protocol.encode_message(ME, "another-swarm", card())
+        codec.encode_message(ME, "another-swarm", card())
 
 
 def test_largest_legal_roster_card_fits_a_dht_record():
@@ -290,17 +291,15 @@ def test_largest_legal_roster_card_fits_a_dht_record():
         round=2**63 - 1,
         seq=2**63 - 1,
     )
-    assert (
-        len(protocol.encode_message(ME, "s" * protocol.MAX_SWARM_ID_BYTES, big)) <= protocol.MAX_RECORD_BYTES
-    )
+    assert len(codec.encode_message(ME, "s" * protocol.MAX_SWARM_ID_BYTES, big)) <= protocol.MAX_RECORD_BYTES
 
 
 def signed(body: dict, msg_type: str = protocol.ROSTER_CARD, identity: Identity = ME) -> bytes:
     """Sign any body, valid or not, as its peer would."""
-    body_bytes = protocol.canonical_packb(body)
+    body_bytes = codec.canonical_packb(body)
     swarm = body["swarm_id"] if isinstance(body.get("swarm_id"), str) else SWARM
-    sig = identity.sign(protocol.signing_bytes(msg_type, swarm, body_bytes))
-    return protocol.pack_envelope(msg_type, body_bytes, identity.public_key, sig)
+    sig = identity.sign(codec.signing_bytes(msg_type, swarm, body_bytes))
+    return codec.pack_envelope(msg_type, body_bytes, identity.public_key, sig)
 
 
 @pytest.mark.parametrize(
@@ -438,8 +437,8 @@ def test_protocol_error_reasons_are_metric_labels():
 # --- hostile input (hypothesis) ----------------------------------------------------------------------
 
 VALID = [
-    protocol.encode_message(ME, SWARM, card()),
-    protocol.encode_message(ME, SWARM, batch(n_groups=1, n_completions=2)),
+    codec.encode_message(ME, SWARM, card()),
+    codec.encode_message(ME, SWARM, batch(n_groups=1, n_completions=2)),
 ]
 
 msgpack_values = st.recursive(
@@ -458,7 +457,7 @@ msgpack_values = st.recursive(
 
 def decode_or_reason(data: bytes) -> str:
     try:
-        protocol.decode_message(data, swarm_id=SWARM)
+        codec.decode_message(data, swarm_id=SWARM)
     except protocol.ProtocolError as e:
         assert e.reason in protocol.REJECT_REASONS
         return e.reason
@@ -552,7 +551,7 @@ groups = st.builds(
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(cards, st.lists(groups, min_size=1, max_size=3).map(lambda gs: batch(groups=tuple(gs)))))
 def test_valid_messages_roundtrip_byte_for_byte(msg):
-    data = protocol.encode_message(ME, SWARM, msg)
-    decoded, sender = protocol.decode_message(data, swarm_id=SWARM, expected_type=msg.TYPE)
+    data = codec.encode_message(ME, SWARM, msg)
+    decoded, sender = codec.decode_message(data, swarm_id=SWARM, expected_type=msg.TYPE)
     assert decoded == msg and sender == ME.peer_id
-    assert protocol.encode_message(ME, SWARM, decoded) == data
+    assert codec.encode_message(ME, SWARM, decoded) == data

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from swarmnode.config import TasksConfig
 from swarmnode.rollouts import Provenance
-from swarmnode.swarm import protocol
+from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.verify import ALL_REASONS, VERIFY_REASONS
 from swarmnode.tasks import TaskBank
 from tests.helpers.verify_world import (
@@ -125,7 +125,7 @@ def test_forged_announcement_signature_is_rejected_and_charges_nobody(node: Node
 
 def test_forged_batch_signature_bans_the_stream_peer(node: Node, hostile: Peer, honest: Peer) -> None:
     batch = hostile.batch()
-    data = protocol.encode_message(HOSTILE, SWARM, batch)
+    data = codec.encode_message(HOSTILE, SWARM, batch)
     forged = flip(data, signature_offset(data))
     record = hostile.announce(forged, batch)  # it announces exactly the bytes it then serves
     assert deliver(node, hostile, record, forged) == []
@@ -136,7 +136,7 @@ def test_forged_batch_signature_bans_the_stream_peer(node: Node, hostile: Peer, 
     record, data = hostile.publish()
     assert deliver(node, hostile, record, data) == []
     assert node.verifier.rejections["banned"] == 1
-    announcement = protocol.decode_message(record, swarm_id=SWARM)[0]
+    announcement = codec.decode_message(record, swarm_id=SWARM)[0]
     assert node.verifier.check_batch(announcement, data, HOSTILE.peer_id) == []
     assert node.verifier.rejections["banned"] == 2
     assert deliver(node, honest, *honest.publish())  # others are unaffected
@@ -161,7 +161,7 @@ def test_payload_served_by_another_peer_is_wrong_sender_and_bans_that_peer(node:
 
 def test_payload_that_differs_from_its_announcement_is_hash_mismatch(node: Node, hostile: Peer) -> None:
     record, data = hostile.publish()
-    other = protocol.encode_message(HOSTILE, SWARM, hostile.batch())
+    other = codec.encode_message(HOSTILE, SWARM, hostile.batch())
     assert deliver(node, hostile, record, other) == []
     assert node.verifier.rejections == {"hash_mismatch": 1}
     assert node.book.snapshot()["peers"][HOSTILE.peer_id]["strikes"] == 1
@@ -181,7 +181,7 @@ def test_replayed_older_announcement_is_replay(node: Node, honest: Peer) -> None
 
 def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
     batch = honest.batch()
-    data = protocol.encode_message(HONEST, SWARM, batch)
+    data = codec.encode_message(HONEST, SWARM, batch)
     old = NOW - node.verifier.max_age_s - protocol.MAX_CLOCK_SKEW_S - 1
     assert (
         node.verifier.check_announcement(honest.announce(data, batch, timestamp=old), HONEST.peer_id) is None
@@ -294,7 +294,7 @@ def test_flood_is_rate_limited_and_banned(node: Node, hostile: Peer) -> None:
 def test_ban_durations_grow_and_expire(node: Node, hostile: Peer, honest: Peer) -> None:
     def forge() -> None:
         batch = hostile.batch(hostile.groups(1))
-        data = flip(protocol.encode_message(HOSTILE, SWARM, batch), 10)
+        data = flip(codec.encode_message(HOSTILE, SWARM, batch), 10)
         assert deliver(node, hostile, hostile.announce(data, batch), data) == []
 
     for count, duration in enumerate((60.0, 120.0, 240.0), start=1):
@@ -401,7 +401,7 @@ def test_random_payloads_never_raise(bank: TaskBank, data: bytes, announced: boo
 def valid_message(peer_bank: TaskBank) -> tuple[protocol.RolloutBatch, bytes]:
     peer = Peer(HOSTILE, peer_bank)
     batch = peer.batch(peer.groups(1))
-    return batch, protocol.encode_message(HOSTILE, SWARM, batch)
+    return batch, codec.encode_message(HOSTILE, SWARM, batch)
 
 
 @FUZZ

@@ -1,0 +1,255 @@
+"""The DHT process and its p2pd: starting, stopping and watching them (what ``Transport`` sits on).
+
+hivemind runs the DHT in a child process that owns the go-libp2p daemon (p2pd). This module checks what
+start-up needs (``load_identity``, ``check_initial_peers``), starts the process (``start_dht``: options,
+a deadline, and an error a user can act on), stops it (``stop_dht_process``), makes it exit when the
+node process dies (``exit_with_parent``, run inside it), reads its stats (``dht_stats``, run inside it),
+and holds the process-level plumbing around it: the listen-port check that runs before p2pd binds
+(``check_listen_ports``), torch's shared-memory manager that hivemind's futures need
+(``connect_shared_memory_manager``) and the start-up watchdog (``dump_stacks_after``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import errno
+import faulthandler
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swarmnode.config import SwarmConfig
+from swarmnode.errors import TransportError
+from swarmnode.identity import Identity
+
+if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a DHT starts, not on import
+    import hivemind
+
+logger = logging.getLogger(__name__)
+
+CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+PARENT_CHECK_PERIOD_S = 1.0
+_CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
+
+
+def load_identity(identity_path: Path) -> Identity:
+    """The node's Ed25519 identity; hivemind would silently generate an RSA key at a missing path."""
+    try:
+        return Identity.load(identity_path)
+    except FileNotFoundError:
+        raise TransportError(
+            "bad_identity",
+            f"identity file {str(identity_path)!r} does not exist; create it with `swarmnode keygen`",
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise TransportError("bad_identity", str(exc)) from None
+
+
+def check_initial_peers(initial_peers: list[str], own_peer_id: str) -> list[str]:
+    """The initial peers to dial: full multiaddrs (else TransportError), this node itself left out."""
+    from hivemind.utils.multiaddr import Multiaddr
+
+    peers = []
+    for addr in initial_peers:
+        try:
+            peer = Multiaddr(addr)["p2p"]
+        except Exception:
+            raise TransportError(
+                "bad_address",
+                f"initial peer {addr!r} is not a full multiaddr; expected something like "
+                "/ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... (copy it from the other node's startup log)",
+            ) from None
+        if peer != own_peer_id:  # a config that lists this node itself (e.g. a shared bootstrap list)
+            peers.append(addr)
+    if initial_peers and not peers:
+        logger.info("all initial peers are this node itself; starting a new swarm")
+    return peers
+
+
+def start_dht(
+    swarm: SwarmConfig,
+    identity_path: Path,
+    initial_peers: list[str],
+    *,
+    client: bool,
+    must_reach_initial_peers: bool,
+    start_timeout_s: float,
+) -> hivemind.DHT:
+    """Start the DHT process (and its p2pd) and wait until it is ready; TransportError if it is not."""
+    import hivemind
+
+    kwargs: dict[str, Any] = {}
+    if swarm.announce_maddrs:
+        kwargs["announce_maddrs"] = list(swarm.announce_maddrs)
+    if client:  # look for relays at once instead of waiting for AutoNAT to call this node private
+        kwargs.update(use_auto_relay=True, force_reachability="private")
+    elif swarm.reachability == "public":  # go-libp2p serves as a relay only when public
+        kwargs["force_reachability"] = "public"
+    if not must_reach_initial_peers:
+        kwargs["ensure_bootstrap_success"] = False
+    started = time.monotonic()
+    connect_shared_memory_manager()
+    dht = hivemind.DHT(
+        initial_peers=initial_peers or None,
+        host_maddrs=list(swarm.host_maddrs),
+        identity_path=str(identity_path),
+        client_mode=client,
+        # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
+        check_if_identity_free=False,
+        start=True,
+        await_ready=False,
+        **kwargs,
+    )
+    try:
+        dht.wait_until_ready(timeout=start_timeout_s)
+    except BaseException as exc:
+        stop_dht_process(dht)
+        raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
+    logger.info("DHT up in %.2f s", time.monotonic() - started)
+    return dht
+
+
+def startup_error(
+    exc: BaseException, initial_peers: list[str], swarm: SwarmConfig, start_timeout_s: float
+) -> TransportError:
+    """What a failed DHT start means for the user: clock skew, no initial peer answering, or p2pd."""
+    text = str(exc) or type(exc).__name__
+    clock = _CLOCK_RE.search(text)
+    if clock:
+        offset = float(clock.group(1)) - float(clock.group(2))
+        return TransportError(
+            "clock_skew",
+            f"this machine's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} an "
+            f"initial peer's, and the DHT allows {CLOCK_TOLERANCE_S:.0f} s. Turn on time sync "
+            "(`timedatectl set-ntp true`, or install chrony) and start again.",
+        )
+    if initial_peers and ("bootstrap" in text or isinstance(exc, concurrent.futures.TimeoutError)):
+        tried = ", ".join(initial_peers)
+        return TransportError(
+            "unreachable",
+            f"none of the initial peers answered (tried: {tried}). Check that those nodes are running, "
+            "that each address and port is right and reachable from this machine (firewall, NAT), and "
+            f"that the /p2p/ part is the node's current peer id. ({text.strip()})",
+        )
+    if isinstance(exc, concurrent.futures.TimeoutError):
+        text = f"no answer within {start_timeout_s:.0f} s"
+    return TransportError(
+        "startup",
+        f"the libp2p daemon (p2pd) did not start: {text.strip()}. Check that host_maddrs "
+        f"{list(swarm.host_maddrs)} are valid addresses of this machine and the ports are free.",
+    )
+
+
+async def dht_stats(_dht: Any, node: Any) -> dict[str, int]:
+    """Runs inside the DHT process."""
+    return {
+        "routing_table_peers": len(node.protocol.routing_table.uid_to_peer_id),
+        "stored_records": len(node.protocol.storage),
+    }
+
+
+def check_listen_ports(host_maddrs: list[str]) -> None:
+    """Bind each fixed TCP port of ``host_maddrs`` briefly: a taken port or a foreign IP fails here."""
+    for maddr in host_maddrs:
+        parts = maddr.strip("/").split("/")
+        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or parts[3] == "0":
+            continue
+        host, port = parts[1], int(parts[3])
+        family = socket.AF_INET6 if parts[0] == "ip6" else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            # SO_REUSEADDR: a previous run's connections in TIME_WAIT do not count as taken; a listener does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                sock.listen(1)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise TransportError(
+                        "port_taken",
+                        f"TCP port {port} on {host} is already in use, by another node or program "
+                        f"(`ss -ltnp 'sport = :{port}'` shows which). Stop it, choose another port, or "
+                        "listen on port 0 (any free port) in swarm.host_maddrs.",
+                    ) from None
+                raise TransportError(
+                    "startup",
+                    f"cannot listen on {maddr}: {exc.strerror}. Is {host} an address of this machine?",
+                ) from None
+
+
+def dump_stacks_after(seconds: float) -> None:
+    """Arm faulthandler's watchdog on stderr, or on the real one where sys.stderr has no file descriptor
+    (pytest's capture, notebooks); without either, start-up runs unwatched."""
+    for stream in (sys.stderr, sys.__stderr__):
+        if stream is None:
+            continue
+        try:
+            faulthandler.dump_traceback_later(seconds, file=stream)
+            return
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: no fileno()
+            continue
+
+
+def connect_shared_memory_manager(attempts: int = 3) -> None:
+    """Connect this process to torch's shared-memory manager before ``hivemind.DHT()`` needs it.
+
+    hivemind keeps its futures' state in shared memory with torch's ``file_system`` strategy, whose first
+    allocation starts ``torch_shm_manager``. The manager exits when no process has connected to it within
+    2 s, so on a starved machine the allocation in ``hivemind.DHT()`` failed with a bare "No such file or
+    directory" (the manager's socket was gone; a node restarted at load 19 died of it). A new attempt
+    starts a new manager, and once connected the process keeps its connection for good.
+    """
+    import torch
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_system":
+        return  # hivemind.utils.mpfuture sets file_system unless HIVEMIND_MEMORY_SHARING_STRATEGY says not
+    for attempt in range(1, attempts + 1):
+        try:
+            torch.empty(1, dtype=torch.uint8).share_memory_()
+            return
+        except RuntimeError as exc:
+            if attempt == attempts:
+                raise
+            logger.warning(
+                "torch's shared-memory manager was gone before this process connected (%s); "
+                "starting a new one",
+                exc,
+            )
+
+
+def stop_dht_process(dht: hivemind.DHT) -> None:
+    """Ask the DHT process to shut down (it stops its p2pd); terminate it if it does not within 5 s."""
+    with contextlib.suppress(Exception):
+        if dht.is_alive():
+            dht.shutdown()
+    with contextlib.suppress(Exception):
+        dht.join(timeout=5.0)
+        if dht.is_alive():
+            dht.terminate()
+            dht.join(timeout=2.0)
+
+
+async def exit_with_parent(_dht: Any, node: Any, *, parent_pid: int) -> None:
+    """Runs inside the DHT process: once the node process is gone (kill -9), stop p2pd and exit.
+
+    hivemind's DHT process does not watch its parent, so without this a killed node leaves its DHT
+    process and p2pd running with the node's peer id and port, and a restart cannot take them back.
+    """
+
+    async def watch() -> None:
+        while node.is_alive:  # ends with the DHT node
+            if os.getppid() != parent_pid:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(node.shutdown(), 5.0)
+                os._exit(0)
+            await asyncio.sleep(PARENT_CHECK_PERIOD_S)
+
+    # keep a reference on the node so the task is not garbage-collected while it runs
+    node._swarmnode_parent_watch = asyncio.create_task(watch())

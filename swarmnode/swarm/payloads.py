@@ -1,0 +1,176 @@
+"""Serving payloads: a bounded in-memory store of encoded batches, answered by digest on a stream.
+
+``PayloadServer`` is the serving half of ``Transport`` (its base class): ``offer`` keeps the newest
+``payload_capacity`` payloads; ``_handle_stream`` answers one pull on ``PAYLOAD_STREAM`` (PROTOCOL.md
+section 9): read a 32-byte digest, write our 4-byte frame header and the body (length 0 = "not here").
+The daemon's own length prefixes have no upper bound, so both sides use that header, hard caps and
+deadlines.
+
+Serving is bounded so that no peer can exhaust the node: at most ``max_streams_per_peer`` concurrent
+pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), a request must
+arrive within ``request_timeout_s`` and the answer must be taken within ``serve_timeout_s``. The handler
+runs on the transport's event loop and never blocks it; every failure is counted, none escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from swarmnode.errors import TransportError
+from swarmnode.swarm.protocol import (
+    MAX_FRAME_BYTES,
+    PULL_REQUEST_BYTES,
+    ProtocolError,
+    encode_frame_header,
+    parse_pull_request,
+)
+
+logger = logging.getLogger(__name__)
+
+WRITE_CHUNK_BYTES = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
+SERVING_COUNTERS = ("served", "served_bytes", "not_found", "refused", "bad_request", "aborted", "errors")
+
+
+class PayloadServer:
+    """The payload store and the stream handler that serves it (``Transport`` adds the network).
+
+    ``stats`` counters (shared with the transport's own): served / served_bytes (payloads sent),
+    not_found (asked for a digest we do not hold), refused (stream closed unanswered: filter or caps),
+    bad_request (no or short request in time), aborted (the puller left or was too slow), errors
+    (anything else in the handler).
+    """
+
+    def __init__(
+        self,
+        *,
+        payload_capacity: int,
+        max_streams_per_peer: int,
+        max_streams: int,
+        request_timeout_s: float,
+        serve_timeout_s: float,
+    ):
+        if payload_capacity < 1:
+            raise ValueError("payload_capacity must be >= 1")
+        self.payload_capacity = payload_capacity
+        self.max_streams_per_peer = max_streams_per_peer
+        self.max_streams = max_streams
+        self.request_timeout_s = request_timeout_s
+        self.serve_timeout_s = serve_timeout_s
+        self.stats: dict[str, int] = dict.fromkeys(SERVING_COUNTERS, 0)
+        self._stats_lock = threading.Lock()
+        self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
+        self._payloads_lock = threading.Lock()
+        self._allow: Callable[[str], bool] = lambda _peer: True
+        self._active: dict[str, int] = {}  # remote peer id -> payload streams being served (loop thread only)
+        self._active_total = 0
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
+            self.stats[key] = self.stats.get(key, 0) + n
+
+    def offer(self, digest: bytes, data: bytes) -> None:
+        """Serve ``data`` to peers that ask for ``digest``; past payload_capacity the oldest offer goes."""
+        if len(digest) != PULL_REQUEST_BYTES:
+            raise ValueError(f"a digest is {PULL_REQUEST_BYTES} bytes")
+        if not 0 < len(data) <= MAX_FRAME_BYTES:
+            raise TransportError("oversize", f"payload of {len(data)} bytes; it must be 1..{MAX_FRAME_BYTES}")
+        with self._payloads_lock:
+            self._payloads[bytes(digest)] = bytes(data)
+            self._payloads.move_to_end(bytes(digest))
+            while len(self._payloads) > self.payload_capacity:
+                self._payloads.popitem(last=False)
+
+    def _drop_payloads(self) -> None:
+        with self._payloads_lock:
+            self._payloads.clear()
+
+    def set_peer_filter(self, allow: Callable[[str], bool]) -> None:
+        """``allow(peer_id)`` is asked for every incoming stream and before every fetch (ban lists)."""
+        self._allow = allow
+
+    def _allowed(self, peer_id: str) -> bool:
+        try:
+            return bool(self._allow(peer_id))
+        except Exception:
+            logger.exception("peer filter raised for %s; refusing the peer", peer_id)
+            return False
+
+    def _local_payload(self, digest: bytes, max_bytes: int) -> bytes:
+        with self._payloads_lock:
+            data = self._payloads.get(digest)
+        if data is None:
+            raise TransportError("not_found", "this node does not offer that payload")
+        if len(data) > max_bytes:
+            raise TransportError("oversize", f"payload of {len(data)} bytes; the limit is {max_bytes}")
+        return data
+
+    async def _handle_stream(
+        self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One pull: read a 32-byte digest, answer with a frame. Every failure is counted, none escapes."""
+        peer = "?"
+        counted = False
+        try:
+            peer = info.peer_id.to_base58()
+            if (
+                self._active_total >= self.max_streams
+                or self._active.get(peer, 0) >= self.max_streams_per_peer
+            ):
+                self._count("refused")
+                return
+            if not self._allowed(peer):
+                self._count("refused")
+                return
+            self._active[peer] = self._active.get(peer, 0) + 1
+            self._active_total += 1
+            counted = True
+            try:
+                request = await asyncio.wait_for(
+                    reader.readexactly(PULL_REQUEST_BYTES), self.request_timeout_s
+                )
+                digest = parse_pull_request(request)
+            except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
+                self._count("bad_request")
+                return
+            try:
+                await asyncio.wait_for(self._send_payload(writer, digest), self.serve_timeout_s)
+            except (TimeoutError, ConnectionError):  # too slow a reader, or it hung up
+                self._count("aborted")
+        except asyncio.CancelledError:  # shutdown
+            raise
+        except Exception as exc:  # a misbehaving client must never take the node down
+            self._count("errors")
+            logger.debug("payload stream from %s failed: %r", peer, exc)
+        finally:
+            if counted:
+                self._active_total -= 1
+                left = self._active.get(peer, 1) - 1
+                if left > 0:
+                    self._active[peer] = left
+                else:
+                    self._active.pop(peer, None)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
+        """Write the frame for ``digest`` (length 0 when we do not have it), draining per chunk."""
+        with self._payloads_lock:
+            data = self._payloads.get(digest)
+        if data is None:
+            self._count("not_found")
+            writer.write(encode_frame_header(0))
+            await writer.drain()
+            return
+        writer.write(encode_frame_header(len(data)))
+        view = memoryview(data)
+        for offset in range(0, len(data), WRITE_CHUNK_BYTES):
+            writer.write(view[offset : offset + WRITE_CHUNK_BYTES])
+            await writer.drain()
+        self._count("served")
+        self._count("served_bytes", len(data))

@@ -1,0 +1,157 @@
+"""What a swarm node writes down about its exchanges: counters, arrival times, and three run-dir files.
+
+- ``status.json`` (``write_status``): replaced atomically each round, read by ``swarmnode status`` and
+  handed to the metrics collector.
+- ``peer_groups.jsonl`` (``append_peer_groups``), the audit trail: every peer group chosen for training
+  is one JSON line: our ``round``, the ``producer`` peer id (the verified signer), its
+  ``producer_round``, ``policy_version`` and ``model``, the ``task`` (``TaskRef.key()``), the number of
+  ``completions`` and ``texts_sha256`` (sha256 of the JSON list of completion texts). Append-only: after
+  a resume from a checkpoint, rounds that run again can appear twice.
+- ``share.jsonl`` (``ShareTrace``, for benchmarks/swarm_latency.py): with ``SWARMNODE_SHARE_TRACE=1`` in
+  the environment the node appends one JSON line per event, all times wall-clock ``time.time()``:
+  ``publish`` (own batch: publish start, announcement timestamp, DHT store done), ``batch`` (one per
+  peer batch pulled: the announcement's signed timestamp, when the DHT get that first showed it started
+  and returned, fetch start and end, verification end, groups accepted or the fetch failure reason) and
+  ``exchange`` (start, end, live peers, peers delivered). Off by default: nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from swarmnode.common import atomic_write
+from swarmnode.rollouts import RolloutGroup
+from swarmnode.swarm.pool import texts_digest
+
+if TYPE_CHECKING:
+    from swarmnode.swarm.exchange import Swarm
+
+SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
+SHARE_TRACE_FILE = "share.jsonl"
+PEER_GROUPS_FILE = "peer_groups.jsonl"
+STATUS_FILE = "status.json"
+ARRIVAL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class ArrivalHistogram:
+    """Seconds from a peer's signed announcement to its batch verified here (cumulative buckets)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * len(ARRIVAL_BUCKETS_S))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)  # clocks agree only within a few seconds
+        for i, bound in enumerate(ARRIVAL_BUCKETS_S):
+            if seconds <= bound:
+                self.counts[i] += 1
+        self.total += seconds
+        self.n += 1
+
+
+@dataclass
+class SwarmCounters:
+    batches_published: int = 0
+    groups_published: int = 0
+    batches_received: int = 0
+    groups_accepted: int = 0
+    groups_trained: int = 0
+    duplicate_groups: int = 0
+    fetch_failures: Counter = field(default_factory=Counter)
+    arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
+
+
+class ShareTrace:
+    """The opt-in timing trace (see the module docstring); calling it never raises."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / SHARE_TRACE_FILE if os.environ.get(SHARE_TRACE_ENV) == "1" else None
+
+    def __call__(self, event: str, **fields) -> None:
+        if self.path is None:
+            return
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"event": event, **fields}) + "\n")
+        except OSError:
+            pass
+
+
+def append_peer_groups(run_dir: Path, round_: int, groups: list[RolloutGroup]) -> None:
+    """Append one line per peer group chosen for training to ``<run_dir>/peer_groups.jsonl`` (audit)."""
+    if not groups:
+        return
+    with (run_dir / PEER_GROUPS_FILE).open("a") as f:
+        for group in groups:
+            p = group.provenance
+            line = {
+                "round": round_,
+                "producer": p.producer,
+                "producer_round": p.round,
+                "policy_version": p.policy_version,
+                "model": p.model_name,
+                "task": group.ref.key(),
+                "completions": len(group.completions),
+                "texts_sha256": texts_digest(group),
+            }
+            f.write(json.dumps(line) + "\n")
+
+
+def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
+    """The node's swarm status: identity, peers, rollout counters, arrival times, rejections, bans."""
+    now = time.time()
+    counters = swarm.counters
+    return {
+        "peer_id": swarm.identity.peer_id,
+        "swarm_id": swarm.swarm_id,
+        "addrs": swarm.addrs,
+        "round": round_,
+        "policy_version": policy_version,
+        "model": swarm.policy.name,
+        "tokenizer": swarm.policy.tokenizer_fingerprint,
+        "connected": swarm.transport.connected_peer_count(),
+        "updated": now,
+        "peers": {
+            peer: {
+                "model": card.model_name,
+                "tokenizer": card.tokenizer_fingerprint,
+                "policy_version": card.policy_version,
+                "round": card.round,
+                "seen_s_ago": round(now - card.timestamp, 1),
+                "banned": swarm.book.is_banned(peer),
+            }
+            for peer, card in sorted(swarm.roster.items())
+        },
+        "rollouts": {
+            "batches_published": counters.batches_published,
+            "groups_published": counters.groups_published,
+            "batches_received": counters.batches_received,
+            "groups_accepted": counters.groups_accepted,
+            "groups_trained": counters.groups_trained,
+            "duplicate_groups": counters.duplicate_groups,
+            "groups_pooled": len(swarm.pool),
+        },
+        "arrival_s": {
+            "buckets": dict(zip(map(str, ARRIVAL_BUCKETS_S), counters.arrival.counts, strict=True)),
+            "sum": counters.arrival.total,
+            "count": counters.arrival.n,
+        },
+        "rejected": dict(sorted(swarm.verifier.rejections.items())),
+        "fetch_failures": dict(counters.fetch_failures),
+        "bans": [
+            {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
+            for peer, remaining, count, reason in swarm.book.bans()
+        ],
+    }
+
+
+def write_status(run_dir: Path, status: dict) -> None:
+    """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
+    atomic_write(run_dir / STATUS_FILE, json.dumps(status, indent=1))
