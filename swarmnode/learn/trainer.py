@@ -6,6 +6,17 @@ correction (offpolicy.py), loss summed over tokens, backward -> divide the gradi
 tokens that counted (known only after icepop's masking, hence after the backward passes) -> clip ->
 (ESS learning-rate damping) -> AdamW step -> bump the policy version.
 
+Where it departs from textbook GRPO (beyond grpo.py's loss and offpolicy.py's corrections):
+- one update per round by default, so pi_old is the current policy and the PPO ratio is exactly 1 at
+  the update (clipping acts only with ``updates_per_round`` > 1);
+- micro-batches (``train.batch_layout``, default ``packed``): each group's prompt is computed once and
+  its completions attend to it through a block mask (``shared.py``), several groups per row; the
+  gradient is the plain layout's up to float rounding (tests/unit/learn/test_shared.py), and models that
+  cannot take the mask fall back to the plain layout;
+- the forward pass runs under bf16 autocast wherever the hardware computes bf16 natively
+  (``train.autocast=auto``, ``precision.py``), fp32 master weights and optimizer state: the sampler's
+  log-probs then differ from the learner's by bf16 rounding as well, which ``offpolicy.local`` weighs.
+
 ReMix's schedule pieces live here too: with ``train.kl_convex`` the KL penalty is split between the
 reference policy (weight lambda(t), ``offpolicy.remix_kl_coef``) and the policy at the start of the round;
 ``reincarnate`` makes the current policy the new reference (the round loop calls it at step T).

@@ -13,7 +13,7 @@ from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 from swarmnode.sampler.hf import HFSampler
 
-TRAIN = TrainConfig(lr=1e-2, token_budget=256)
+TRAIN = TrainConfig(lr=1e-2, token_budget=256, autocast="off")  # fp32: on-policy ratios exactly 1
 
 
 def _group(source: str, fingerprint: str) -> RolloutGroup:
