@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from swarmnode.common import fsync_dir, log
+from swarmnode.errors import ConfigError
 
 PREFIX = "round-"
 FILES = ("model.safetensors", "trainer.pt", "state.json")
@@ -148,6 +149,23 @@ def newest_valid(root: Path, log=log) -> CheckpointInfo | None:
     return None
 
 
+def choose(run_dir: Path, *, path: Path | None = None, round_: int | None = None) -> CheckpointInfo | None:
+    """The checkpoint a command asked for: a folder (``--checkpoint``), a round of the run (``--round``),
+    or else the newest valid one (None when the run has none). Raises ConfigError when the asked-for
+    one is missing or fails validation."""
+    if round_ is not None:
+        path = Path(run_dir) / "checkpoints" / f"{PREFIX}{round_:06d}"
+        if not path.is_dir():
+            kept = sorted(p.name for p in _candidates(Path(run_dir) / "checkpoints")) or "none"
+            raise ConfigError(f"--round {round_}: no checkpoint of that round in {run_dir} (kept: {kept})")
+    if path is None:
+        return newest_valid(Path(run_dir) / "checkpoints")
+    try:
+        return validate(path)
+    except ValueError as exc:
+        raise ConfigError(f"checkpoint {path}: {exc}") from None
+
+
 def load_model_weights(info: CheckpointInfo, model) -> None:
     load_model(model, str(info.path / "model.safetensors"), strict=True)
 
@@ -170,3 +188,15 @@ def _python_rng_to_json() -> list:
 def _python_rng_from_json(state: list) -> None:
     version, internal, gauss = state
     random.setstate((version, tuple(internal), gauss))
+
+
+def rng_state() -> tuple:
+    """The random states a checkpoint saves (torch's CPU generator, Python's ``random``), to put back
+    with ``set_rng_state`` when a round is abandoned before it changed anything else."""
+    return torch.get_rng_state(), random.getstate()
+
+
+def set_rng_state(state: tuple) -> None:
+    torch_state, python_state = state
+    torch.set_rng_state(torch_state)
+    random.setstate(python_state)

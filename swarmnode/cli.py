@@ -17,6 +17,7 @@ import typer
 
 from swarmnode.config import NodeConfig, load_config, parse_override
 from swarmnode.errors import ConfigError, UserError
+from swarmnode.run_folder import config_for_run
 
 app = typer.Typer(
     help="Decentralized RL post-training node (SAPO-style rollout sharing).",
@@ -38,6 +39,13 @@ SetOpt = Annotated[
 ]
 RoundsOpt = Annotated[int | None, typer.Option("--rounds", help="Total rounds to run (run.rounds).")]
 RunDirOpt = Annotated[Path | None, typer.Option("--run-dir", help="Run folder (run.run_dir).")]
+ReconfigureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--reconfigure",
+        help="Restart a run with config values that differ from those it was started with (not the model).",
+    ),
+]
 AnnounceOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -56,9 +64,10 @@ def _boundary():
         yield
     except (UserError, FileExistsError) as exc:
         _fail(exc)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as exc:  # a node's Stopped has said what it saved; a bare Ctrl-C says this
+        if not hasattr(exc, "exit_code"):
+            typer.echo("interrupted", err=True)
+        raise typer.Exit(getattr(exc, "exit_code", 130)) from None
 
 
 def _fail(exc: Exception) -> None:
@@ -82,17 +91,36 @@ def _announce(announce: list[str] | None, sets: list[str] | None, listen_key: st
     return overrides
 
 
-def _config(config: Path | None, sets: list[str] | None, **fields: Any) -> NodeConfig:
+def _overrides(sets: list[str] | None, fields: dict[str, Any]) -> dict[str, Any]:
     overrides = dict(parse_override(item) for item in sets or [])
     overrides.update({key: value for key, value in fields.items() if value is not None})
-    return load_config(config, overrides)
+    return overrides
+
+
+def _config(config: Path | None, sets: list[str] | None, **fields: Any) -> NodeConfig:
+    return load_config(config, _overrides(sets, fields))
+
+
+def _run_config(
+    config: Path | None, sets: list[str] | None, reconfigure: bool = False, **fields: Any
+) -> NodeConfig:
+    """The config of a command on a run folder: the folder's saved config under --config and --set."""
+
+    return config_for_run(config, _overrides(sets, fields), reconfigure=reconfigure)
 
 
 @app.command()
-def solo(config: ConfigOpt = None, set_: SetOpt = None, rounds: RoundsOpt = None, run_dir: RunDirOpt = None):
+def solo(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    rounds: RoundsOpt = None,
+    run_dir: RunDirOpt = None,
+    reconfigure: ReconfigureOpt = False,
+):
     """Run a node in silo mode: the full RL loop, no network (default: the embedded SmolLM2)."""
     with _boundary():
-        cfg = _config(config, set_, **{"run.rounds": rounds, "run.run_dir": run_dir and str(run_dir)})
+        fields = {"run.rounds": rounds, "run.run_dir": run_dir and str(run_dir)}
+        cfg = _run_config(config, set_, reconfigure, **fields)
         from swarmnode.node import run_solo
 
         run_solo(cfg)
@@ -108,6 +136,7 @@ def join(
     rounds: RoundsOpt = None,
     run_dir: RunDirOpt = None,
     announce: AnnounceOpt = None,
+    reconfigure: ReconfigureOpt = False,
 ):
     """Join a swarm: train locally and share verified rollouts with peers (SAPO)."""
     with _boundary():
@@ -117,7 +146,7 @@ def join(
             "swarm.initial_peers": peers,
             **_announce(announce, set_, "swarm.host_maddrs"),
         }
-        cfg = _config(config, set_, **overrides)
+        cfg = _run_config(config, set_, reconfigure, **overrides)
         if cfg.swarm.require_initial_peers and not cfg.swarm.initial_peers:
             raise ConfigError(
                 f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "
@@ -186,6 +215,8 @@ def keygen(
     with _boundary():
         from swarmnode.identity import Identity
 
+        if not out.parent.is_dir():
+            raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
         identity = Identity.generate()
         identity.save(out, force=force)
         typer.echo(identity.peer_id)
@@ -204,11 +235,44 @@ def evaluate(
 ):
     """Score a checkpoint on held-out questions: pass@1 (greedy) per task."""
     with _boundary():
-        cfg = _config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
         from swarmnode.evaluate import evaluate_checkpoint, format_report
 
         report = evaluate_checkpoint(cfg, checkpoint, per_task)
         typer.echo(format_report(report))
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="New folder for the Hugging Face model.")],
+    run_dir: RunDirOpt = None,
+    round_: Annotated[
+        int | None, typer.Option("--round", help="Checkpoint of this round (default: the newest valid one).")
+    ] = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+):
+    """Export a checkpoint as a Hugging Face folder (config.json, tokenizer, safetensors; LoRA merged)."""
+    with _boundary():
+        cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        from swarmnode.export import export_checkpoint
+
+        export_checkpoint(cfg, out, round_=round_)
+        typer.echo(f"load it with AutoModelForCausalLM.from_pretrained({str(out)!r})")
+
+
+config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOpt = None, set_: SetOpt = None, run_dir: RunDirOpt = None):
+    """Print the effective config as YAML: defaults < the run folder's saved config < --config < --set."""
+    with _boundary():
+        import yaml
+
+        cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)
 
 
 def main() -> None:

@@ -74,6 +74,12 @@ class ModelConfig(_Strict):
         None, description="Where the embedded model is materialised (default ~/.cache/swarmnode)."
     )
 
+    @model_validator(mode="after")
+    def _tiny_only_for_tiny(self) -> ModelConfig:
+        if self.name != "tiny" and self.tiny != TinyModelConfig():
+            raise ValueError(f"model.tiny.* shapes only model.name=tiny, and model.name is {self.name!r}")
+        return self
+
 
 class TaskSpec(_Strict):
     weight: float = Field(1.0, gt=0, description="Relative sampling weight in the mix.")
@@ -232,6 +238,11 @@ class RunConfig(_Strict):
         gt=0,
         description="Torch CPU threads (None = torch's default: all cores); 1 when nodes share a machine.",
     )
+    tensorboard: bool = Field(
+        False,
+        description="Also write each round's scalars as TensorBoard event files in run_dir/tensorboard/ "
+        "(pip install 'swarmnode[tensorboard]').",
+    )
 
 
 class SwarmConfig(_Strict):
@@ -255,6 +266,19 @@ class SwarmConfig(_Strict):
 
     swarm_id: str = Field("swarmnode-local", min_length=1, max_length=64, description="Swarm namespace.")
     initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of peers to join through.")
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _full_multiaddrs(cls, peers: list[str]) -> list[str]:
+        """Checked here, before any model loads; the transport parses them fully at start."""
+        for addr in peers:
+            if not addr.startswith("/") or "/p2p/" not in addr or any(c.isspace() for c in addr):
+                raise ValueError(
+                    f"{addr!r} is not a full multiaddr; expected something like "
+                    "/ip4/1.2.3.4/tcp/31337/p2p/12D3KooW... (copy it from the other node's startup log)"
+                )
+        return peers
+
     host_maddrs: list[str] = Field(
         default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], description="Addresses the node listens on."
     )
@@ -371,32 +395,52 @@ def _describe(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: Path | str | None = None, overrides: dict[str, Any] | None = None) -> NodeConfig:
-    """Build a NodeConfig from defaults, an optional YAML file and dotted overrides.
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, section by section (a section given in ``top`` keeps ``base``'s other keys)."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: malformed YAML: {_yaml_problem(exc)}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return loaded
+
+
+def load_config(
+    path: Path | str | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    base: Path | None = None,
+) -> NodeConfig:
+    """Build a NodeConfig: defaults < ``base`` (a run folder's saved config) < YAML file ``path`` <
+    dotted ``overrides``.
 
     Raises ConfigError with a message naming the file and the field on any problem.
     """
     tree: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        source = str(path)
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: malformed YAML: {_yaml_problem(exc)}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections at the top level")
-        tree = loaded
+    sources = [] if base or path else ["defaults"]
+    for layer in (base, path):
+        if layer is not None:
+            tree = _merge(tree, _read_yaml(Path(layer)))
+            sources.append(str(layer))
     for dotted, value in (overrides or {}).items():
         _set_dotted(tree, dotted, value)
     if overrides:
-        source += " + command-line overrides"
+        sources.append("command-line overrides")
     try:
         return NodeConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from None
+        raise ConfigError(_describe(exc, " + ".join(sources))) from None

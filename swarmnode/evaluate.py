@@ -6,10 +6,9 @@ from pathlib import Path
 
 import torch
 
-from swarmnode.checkpoint import load_model_weights, newest_valid, validate
+from swarmnode.checkpoint import choose, load_model_weights
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
-from swarmnode.errors import ConfigError
 from swarmnode.learn.batch import left_pad
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
@@ -40,16 +39,10 @@ def evaluate_checkpoint(
     """Per task: mean score, pass@1 (score == 1) and answer-format rate on held-out questions."""
     bank = TaskBank(cfg.tasks)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
-    if checkpoint is None:
-        info = newest_valid(Path(cfg.run.run_dir) / "checkpoints")
-        if info is None:
-            log("no checkpoint found: evaluating the initial model")
+    info = choose(cfg.run.run_dir, path=checkpoint)
+    if info is None:
+        log("no checkpoint found: evaluating the initial model")
     else:
-        try:
-            info = validate(checkpoint)
-        except ValueError as exc:
-            raise ConfigError(f"--checkpoint {checkpoint}: {exc}") from None
-    if info is not None:
         load_model_weights(info, policy.model)
         log(f"evaluating {info.path} (round {info.round})")
     report = {}

@@ -9,6 +9,7 @@ writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``)
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import threading
@@ -29,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from swarmnode import __version__
 from swarmnode.common import atomic_write
+from swarmnode.errors import ConfigError
 
 TARGET_FILE = "prometheus_target.json"
 
@@ -186,7 +188,16 @@ class MetricsServer:
         self.registry = CollectorRegistry()
         self.registry.register(collector)
         ProcessCollector(registry=self.registry, namespace="swarmnode")  # RSS, CPU, open fds
-        self._server: WSGIServer = make_server(host, port, self._app, handler_class=_QuietHandler)
+        try:
+            self._server: WSGIServer = make_server(host, port, self._app, handler_class=_QuietHandler)
+        except OSError as exc:
+            what = (
+                "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be opened ({exc.strerror})"
+            )
+            raise ConfigError(
+                f"metrics port {port} on {host} {what}: set run.metrics_port (bootstrap.metrics_port for a "
+                "bootstrap) to a free port, 0 for any free port, or null to turn metrics off"
+            ) from None
         self.host, self.port = host, self._server.server_port
         threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
 

@@ -28,10 +28,13 @@ from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
+from swarmnode.run_folder import save_config
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
 from swarmnode.status import LOCK_FILE
+from swarmnode.stopping import Stopped, StopSignals
 from swarmnode.tasks import TaskBank
+from swarmnode.tensorboard import TensorBoardLog
 
 
 def _lock_run_dir(run_dir: Path):
@@ -58,12 +61,32 @@ def _lock_run_dir(run_dir: Path):
 
 class Node:
     def __init__(self, cfg: NodeConfig):
+        """Set up every part, or, if that fails in a run folder this start created (a bad model name,
+        a taken port), remove what was written there and re-raise: a failed first start leaves nothing."""
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir)
+        fresh = not self.run_dir.exists() or not any(self.run_dir.iterdir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = self.metrics_server = None
+        self._created_identity: Path | None = None
+        try:
+            self._set_up()
+        except BaseException:
+            self.close()
+            if fresh:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                if self._created_identity is not None:
+                    self._created_identity.unlink(missing_ok=True)
+            raise
+
+    def _set_up(self) -> None:
+        cfg = self.cfg
         self.checkpoints = self.run_dir / "checkpoints"
         self.runlog = RunLog(self.run_dir)
+        # before anything slow: without the tensorboard package this fails at once
+        self.tensorboard = TensorBoardLog(self.run_dir) if cfg.run.tensorboard else None
         self.completed_rounds = 0
+        self._saved_round = 0  # the round of the newest checkpoint
         has_run = self.runlog.records() or any(self.checkpoints.glob(f"{checkpoint.PREFIX}*"))
         if not cfg.run.resume and has_run:
             # Starting over here would mix two runs: the old, higher-numbered checkpoints would outlive
@@ -73,11 +96,16 @@ class Node:
                 "choose a new run.run_dir, delete the old run, or resume it"
             )
         self._lock = _lock_run_dir(self.run_dir)
+        save_config(cfg, self.run_dir)
+        # First, so that a taken port stops the node before anything slow (the node info comes later)
+        self.metrics = NodeCollector({})
+        if cfg.run.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
 
         self.identity_path = cfg.run.identity_path or self.run_dir / "identity.key"
         self.identity, created = load_or_create(self.identity_path)
         if created:
-            log(f"created node identity {self.identity_path} (peer id {self.identity.peer_id})")
+            self._created_identity = Path(self.identity_path)  # said once the start has succeeded
         # Validates the task mix before the slow model load; peers draw different question streams.
         stream_seed = int.from_bytes(hashlib.sha256(self.identity.peer_id.encode()).digest()[:8], "big")
         self.bank = TaskBank(cfg.tasks, default_seed=stream_seed)
@@ -110,10 +138,10 @@ class Node:
             self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)
         if cfg.run.resume:
             self._resume()
-        self.metrics = NodeCollector(node_info(self.peer_id, self.policy.name, self.sampler.name))
-        self.metrics_server = None
-        if cfg.run.metrics_port is not None:
-            self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
+        self.metrics.info = node_info(self.peer_id, self.policy.name, self.sampler.name)
+        if self._created_identity is not None:
+            log(f"created node identity {self.identity_path} (peer id {self.identity.peer_id})")
+        if self.metrics_server is not None:
             self.metrics_server.write_target(
                 self.run_dir, {"peer_id": self.peer_id, "model": self.policy.name}
             )
@@ -121,9 +149,12 @@ class Node:
 
     def close(self) -> None:
         """Stop the metrics server and release the run folder (the process exiting does the same)."""
+        if getattr(self, "tensorboard", None) is not None:  # set in set-up; None when off
+            self.tensorboard.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
-        self._lock.close()
+        if self._lock is not None:
+            self._lock.close()
 
     @property
     def peer_id(self) -> str:
@@ -138,6 +169,7 @@ class Node:
                 log(f"no valid checkpoint: rounds {dropped[0]}-{dropped[-1]} will run again")
             return
         checkpoint.restore(info, self.policy.model, self.trainer.optimizer)
+        self._saved_round = info.round
         self.sampler.sync_weights()  # a vLLM engine holds its own copy of the weights
         self.trainer.policy_version = info.policy_version
         self.completed_rounds = info.round
@@ -199,11 +231,14 @@ class Node:
                 "kept and the next one will be tried in its turn. Free some disk space."
             )
             return
+        self._saved_round = self.completed_rounds
         self.metrics.checkpoint_time = time.time()
         log(f"checkpoint {path}")
 
     def run(self, exchange: Exchange | None = None) -> None:
-        """Run until ``run.rounds`` rounds are complete (forever if None)."""
+        """Run until ``run.rounds`` rounds are complete (forever if None). On Ctrl-C or SIGTERM, stop at
+        the next safe point, checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
+        stop = StopSignals()
         ctx = RoundContext(
             cfg=self.cfg,
             policy=self.policy,
@@ -213,10 +248,12 @@ class Node:
             peer_id=self.peer_id,
             replay=self.replay,
             exchange=exchange,
+            progress=self._progress,
+            before_update=stop.hold,
         )
         target = self.cfg.run.rounds
         every = self.cfg.run.checkpoint_every
-        bar = tqdm(
+        self._bar = tqdm(
             total=target,
             initial=self.completed_rounds,
             unit="round",
@@ -225,20 +262,44 @@ class Node:
             disable=None,  # no bar when stderr is not a terminal: log files get clean per-round lines
         )
         try:
-            while target is None or self.completed_rounds < target:
-                round_ = self.completed_rounds + 1
-                record = run_round(ctx, round_)
-                self.completed_rounds = round_
-                self.runlog.append(record)
-                self.metrics.record = record
-                self.metrics.rounds += 1
-                log(round_line(record))
-                bar.update(1)
-                bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
-                if round_ % every == 0 or round_ == target:
-                    self._checkpoint(final=round_ == target)
+            with stop.installed():
+                while target is None or self.completed_rounds < target:
+                    round_ = self.completed_rounds + 1
+                    rng_at_start = checkpoint.rng_state()
+                    try:
+                        record = run_round(ctx, round_)
+                    except Stopped:
+                        checkpoint.set_rng_state(rng_at_start)  # the abandoned round drew nothing
+                        raise
+                    self.completed_rounds = round_
+                    self.runlog.append(record)
+                    if self.tensorboard is not None:
+                        self.tensorboard.append(record)
+                    self.metrics.record = record
+                    self.metrics.rounds += 1
+                    log(round_line(record))
+                    self._bar.update(1)
+                    self._bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
+                    if round_ % every == 0 or round_ == target:
+                        self._checkpoint(final=round_ == target)
+                    stop.release()
+        except Stopped as stopped:
+            self._bar.close()
+            if self.completed_rounds > self._saved_round:
+                self._checkpoint(final=True)
+            log(f"stopped ({stopped}) after round {self.completed_rounds}; restart with the same command")
+            raise
         finally:
-            bar.close()
+            self._bar.close()
+
+    def _progress(self, what: str) -> None:
+        """What the current round is doing: on the progress bar, or (no terminal) as log lines during the
+        first round of this process, so a log shows life long before the first round line."""
+        round_ = self.completed_rounds + 1
+        if not self._bar.disable:
+            self._bar.set_description_str(f"round {round_}: {what}")
+        elif self.metrics.rounds == 0:
+            log(f"round {round_}: {what}")
 
 
 def run_solo(cfg: NodeConfig) -> None:

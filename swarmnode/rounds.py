@@ -33,6 +33,13 @@ class RoundContext:
     peer_id: str
     replay: ReplayBuffer | None = None
     exchange: Exchange | None = None
+    progress: Callable[[str], None] | None = None  # told what the round is doing now (the console)
+    before_update: Callable[[], None] | None = None  # called just before the weights start to change
+
+
+def _say(ctx: RoundContext, what: str) -> None:
+    if ctx.progress is not None:
+        ctx.progress(what)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -46,6 +53,8 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
     refs = ctx.bank.draw(round_, cfg.sampling.questions_per_round)
     questions = [ctx.bank.question(ref) for ref in refs]
     prompts = [encode_prompt(ctx.policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
+    _say(ctx, f"sampling {len(prompts)} x {cfg.sampling.completions_per_question} completions")
+    t_sample = time.perf_counter()
     completions = ctx.sampler.sample(
         prompts,
         cfg.sampling.completions_per_question,
@@ -62,8 +71,9 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
         tokenizer_fingerprint=ctx.policy.tokenizer_fingerprint,
     )
     t_score = time.perf_counter()
-    groups = [ctx.bank.score_group(q, c, provenance) for q, c in zip(questions, completions, strict=True)]
     tokens = sum(len(c.token_ids or ()) for group in completions for c in group)
+    _say(ctx, f"sampled {tokens} tokens ({tokens / max(t_score - t_sample, 1e-9):.0f} tok/s); scoring")
+    groups = [ctx.bank.score_group(q, c, provenance) for q, c in zip(questions, completions, strict=True)]
     return groups, tokens, time.perf_counter() - t_score
 
 
@@ -72,6 +82,8 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     t0 = time.perf_counter()
     local, sampled_tokens, seconds_score = sample_local(ctx, round_)
     t_sample = time.perf_counter()
+    if ctx.exchange is not None:
+        _say(ctx, "sharing with peers")
     peer_groups = ctx.exchange(round_, local) if ctx.exchange else []
     t_share = time.perf_counter()
     replayed = []
@@ -91,6 +103,9 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         system_prompt=ctx.cfg.sampling.system_prompt,
         max_new_tokens=ctx.cfg.sampling.max_new_tokens,
     )
+    _say(ctx, f"training on {len(sequences)} sequences ({sum(s.length for s in sequences)} tokens)")
+    if ctx.before_update is not None:
+        ctx.before_update()
     stats = ctx.trainer.step(sequences)
     t_train = time.perf_counter()
     sync_seconds = ctx.sampler.sync_weights()

@@ -22,13 +22,10 @@ from pathlib import Path
 import pytest
 
 from swarmnode import checkpoint
+from tests.helpers.cli import COMMAND, REPO, TINY, metrics, node_env, swarmnode
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / "node_configs" / "tiny.yaml"
 # Seed 5 gives reward variance (so real AdamW steps) in rounds 1 and 2 already.
 SOLO = ["solo", "--config", str(TINY), "--set", "tasks.seed=5"]
-_SCRIPT = Path(sys.executable).with_name("swarmnode")
-COMMAND = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "swarmnode.cli"]
 
 ROUND_LINE = re.compile(
     r"^round\s+(\d+)\s+reward \d+\.\d{3}\s+format \d+%\s+groups \d+/\d+\s+sample \d+ tok/s"
@@ -38,26 +35,6 @@ RESUMED = re.compile(r"^resumed from (\S+) at round (\d+) \(state digest ([0-9a-
 DETERMINISTIC = ("policy_version", "reward_mean", "task_score_mean", "format_rate", "reward_by_task",
                  "groups_kept", "sampled_tokens", "train_sequences", "train_tokens", "train_loss",
                  "train_grad_norm")  # fmt: skip
-
-
-def swarmnode(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """Run the CLI to completion (subprocess.run kills only its own child if the timeout passes)."""
-    return subprocess.run(
-        [*COMMAND, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env()
-    )
-
-
-def _env() -> dict[str, str]:
-    # One compute thread per node: tests run several nodes at once on small machines, and oversubscribed
-    # OpenMP threads spin. Results are the same (the tiny model's digests match across thread counts).
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def rounds_of(run_dir: Path) -> list[int]:
@@ -142,7 +119,11 @@ def killed_and_resumed(tmp_path_factory) -> Resumed:
     args = [*SOLO, "--set", "run.checkpoint_every=1", "--run-dir", str(run_dir)]
     with (cwd / "killed.stderr").open("w+") as err:
         proc = subprocess.Popen(
-            [*COMMAND, *args, "--rounds", "20"], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env=_env()
+            [*COMMAND, *args, "--rounds", "20"],
+            cwd=cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=node_env(),
         )
         try:
             deadline = time.monotonic() + 90
@@ -269,7 +250,7 @@ def test_bad_input_exits_2_with_one_error_line_and_no_traceback(tmp_path: Path) 
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=_env(),
+                env=node_env(),
             )
         results = {name: (proc, *proc.communicate(timeout=90)) for name, proc in procs.items()}
     finally:
@@ -428,7 +409,6 @@ def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
 def test_status_watch_redraws_until_interrupted(tmp_path):
     import signal
     import subprocess
-    import sys
     import time
 
     from swarmnode.config import load_config

@@ -158,7 +158,9 @@ def test_help_lists_the_commands() -> None:
 
 
 def test_the_old_name_of_peer_groups_per_round_still_works_with_a_deprecation_line():
-    with pytest.warns(FutureWarning, match="swarm.external_per_round is deprecated.*swarm.peer_groups_per_round"):
+    with pytest.warns(
+        FutureWarning, match="swarm.external_per_round is deprecated.*swarm.peer_groups_per_round"
+    ):
         cfg = load_config(None, {"swarm.external_per_round": 2})
     assert cfg.swarm.peer_groups_per_round == 2
 

@@ -1,0 +1,103 @@
+"""A run folder describes itself: the effective config is saved in it, and what reads the folder later
+(a restart, ``eval``, ``export``, ``config show``) starts from that config instead of the defaults.
+
+Precedence for a folder that holds a run: defaults < the saved ``config.yaml`` < ``--config`` YAML <
+``--set``. A forgotten ``--set`` on a restart is therefore harmless; a restart that asks for a different
+value than the run was started with is a conflict, named field by field, unless ``--reconfigure`` is
+given. Some fields may differ on every start (how long to run, where to listen, whom to dial); the model
+never may, because the checkpoints hold its weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from swarmnode.common import atomic_write
+from swarmnode.config import NodeConfig, load_config
+from swarmnode.errors import ConfigError
+
+CONFIG_FILE = "config.yaml"
+# Dotted prefixes a start may change freely: the run's length and place, and the network's addresses.
+FREE_ON_RESTART = (
+    "run.rounds",
+    "run.run_dir",
+    "run.resume",
+    "run.metrics_host",
+    "run.metrics_port",
+    "run.cpu_threads",
+    "run.tensorboard",
+    "swarm.initial_peers",
+    "swarm.host_maddrs",
+    "swarm.announce_maddrs",
+    "swarm.reachability",
+    "swarm.min_peers",
+    "swarm.wait_for_peers_s",
+    "bootstrap",
+)
+FIXED_ON_RESTART = ("model",)  # the checkpoints hold weights of this model: no flag changes it
+
+
+def saved_config(run_dir: Path) -> Path | None:
+    path = Path(run_dir) / CONFIG_FILE
+    return path if path.is_file() else None
+
+
+def save_config(cfg: NodeConfig, run_dir: Path) -> Path:
+    """Write the effective config into the run folder (atomically: a crash leaves the old one or the new)."""
+    path = Path(run_dir) / CONFIG_FILE
+    header = "# The effective config of this run, written by swarmnode at start; restarts read it.\n"
+    atomic_write(path, header + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def differing_fields(old: NodeConfig, new: NodeConfig) -> dict[str, tuple[Any, Any]]:
+    """dotted field -> (old value, new value), for every field that differs and may not change freely."""
+    before, after = _leaves(old.model_dump(mode="json")), _leaves(new.model_dump(mode="json"))
+    return {
+        key: (before.get(key), after.get(key))
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key) and not key.startswith(FREE_ON_RESTART)
+    }
+
+
+def config_for_run(
+    path: Path | None, overrides: dict[str, Any] | None = None, *, reconfigure: bool = False
+) -> NodeConfig:
+    """The config for a command on a run folder: the folder's saved config under the user's YAML and
+    ``--set``s, or plain ``load_config`` for a folder that holds no run yet.
+
+    Raises ConfigError naming each field that conflicts with the saved config (always for the model).
+    """
+    cfg = load_config(path, overrides)  # which run folder, and the user's input checked on its own
+    saved = saved_config(cfg.run.run_dir)
+    if saved is None:
+        return cfg
+    merged = load_config(path, overrides, base=saved)
+    previous = load_config(base=saved)
+    conflicts = differing_fields(previous, merged)
+    fixed = {k: v for k, v in conflicts.items() if k.startswith(FIXED_ON_RESTART)}
+    if fixed or (conflicts and not reconfigure):
+        listed = "; ".join(
+            f"{k}: {old!r} in the run, {new!r} now" for k, (old, new) in (fixed or conflicts).items()
+        )
+        remedy = (
+            "the checkpoints hold this model's weights: start a new run folder (--run-dir) for another model"
+            if fixed
+            else "drop the --config/--set that changes them, or pass --reconfigure to go on with them"
+        )
+        raise ConfigError(f"{saved} differs from this start's config ({listed}); {remedy}")
+    return merged
