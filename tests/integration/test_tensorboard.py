@@ -1,0 +1,90 @@
+"""`run.tensorboard: true`: TensorBoard event files with the same per-round scalars as metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from swarmnode.tensorboard import TENSORBOARD_DIR, TensorBoardLog, scalars
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "node_configs" / "tiny.yaml"
+# the scalars people look for first, all of them in metrics.jsonl
+KEY_SCALARS = ("reward_mean", "task_score_mean", "format_rate", "train_loss", "train_kl",
+               "seconds_sample", "seconds_train", "groups_kept", "groups_total",
+               "reward_by_task/propositional_logic")  # fmt: skip
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+
+def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of every scalar, as TensorBoard reads the folder."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_solo_run_writes_the_scalars_of_metrics_jsonl(tmp_path):
+    pytest.importorskip("tensorboard")
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(TINY), "--rounds", "2",
+         "--run-dir", str(run_dir), "--set", "run.tensorboard=true", "--set", "run.metrics_port=null"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2]
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        for tag, value in scalars(record).items():
+            if tag != "round":
+                expected.setdefault(tag, []).append((record["round"], value))
+    assert set(KEY_SCALARS) <= set(expected)
+    events = _events(run_dir / TENSORBOARD_DIR)
+    assert set(events) == set(expected)
+    for tag, points in expected.items():  # event files store float32
+        assert [step for step, _ in events[tag]] == [step for step, _ in points], tag
+        assert [v for _, v in events[tag]] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-30), tag
+
+
+def test_a_restart_hides_the_rounds_metrics_jsonl_dropped(tmp_path):
+    """A node restarted from the checkpoint of round 2 writes round 3 again: TensorBoard shows the new one."""
+    pytest.importorskip("tensorboard")
+    first = TensorBoardLog(tmp_path)
+    for round_ in (1, 2, 3):
+        first.append({"round": round_, "reward_mean": float(round_)})
+    first.close()
+    second = TensorBoardLog(tmp_path)
+    for round_, value in ((3, 30.0), (4, 40.0)):
+        second.append({"round": round_, "reward_mean": value})
+    second.close()
+    assert _events(tmp_path / TENSORBOARD_DIR)["reward_mean"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+def test_without_the_package_the_node_says_what_to_install_and_leaves_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch.utils.tensorboard"] = None  # as if tensorboard were not installed
+        from swarmnode.cli import app
+        app(["solo", "--config", {str(TINY)!r}, "--rounds", "1", "--run-dir", {str(run_dir)!r},
+             "--set", "run.tensorboard=true", "--set", "run.metrics_port=null"], prog_name="swarmnode")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: run.tensorboard is true but the tensorboard package is not installed: "
+        "pip install 'swarmnode[tensorboard]' (or set run.tensorboard=false)"
+    ]
+    assert not run_dir.exists()
