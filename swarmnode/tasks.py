@@ -31,7 +31,7 @@ import io
 import math
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,10 +216,20 @@ class TaskBank:
         ]
 
     def score_group(
-        self, question: Question, completions: Sequence[Completion], provenance: Provenance
+        self,
+        question: Question,
+        completions: Sequence[Completion],
+        provenance: Provenance,
+        *,
+        before_each: Callable[[], None] | None = None,
     ) -> RolloutGroup:
-        """Score G completions of one question with this node's own verifier, whoever sampled them."""
-        scored = [self.score(question, c.text) for c in completions]
+        """Score G completions of one question with this node's own verifier, whoever sampled them.
+        ``before_each`` runs before every completion is scored (a budget check may raise there)."""
+        scored = []
+        for c in completions:
+            if before_each is not None:
+                before_each()
+            scored.append(self.score(question, c.text))
         return RolloutGroup(
             ref=question.ref,
             question=question.text,

@@ -13,9 +13,10 @@ banned? -> stream peer is the announcer -> payload already accepted? -> rate lim
 decode, signature and consistency with the announcement -> freshness -> sequence number (a batch signed
 with a seq not above the sender's last one is a ``replay``) -> per-token log-probs in range ->
 token ids below this node's vocabulary size (when the batch claims this node's tokenizer) -> every task
-ref in this node's mix -> groups beyond what this node samples itself (more completions than its G, a
-text longer than ``max_new_tokens`` x ``TEXT_BYTES_PER_TOKEN``) are dropped unscored, uncharged
-(``over_cap``: an honest peer may run a larger config) -> regenerate each question and score every
+ref in this node's mix -> each group is cut to what this node samples itself: its first G completions
+are kept (G = this node's ``completions_per_question``), and a group with a text longer than
+``max_new_tokens`` x ``TEXT_BYTES_PER_TOKEN`` bytes is dropped unscored, uncharged (``over_cap``: an
+honest peer may run a larger config) -> regenerate each question and score every
 completion with this node's own verifier, within the scoring budget (``ReceiveLimits``: CPU seconds of
 the verifying thread and wall seconds; an overrun rejects the batch as ``over_budget``, charged when the
 CPU budget ran out) -> claimed rewards agree with the recomputed task scores. Any other failure rejects
@@ -49,7 +50,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swarmnode.common import BoundedSet
 from swarmnode.config import SamplingConfig
@@ -314,17 +315,17 @@ class Verifier:
                 if completion.token_ids and max(completion.token_ids) >= vocab:
                     raise _Rejected("bad_token_ids", f"groups[{i}].completions[{j}]: id >= {vocab}")
 
-    def _within_caps(self, i: int, wire: WireGroup, peer: str) -> bool:
-        """Whether a group is within what this node samples itself; counts one it drops."""
-        limits = self.limits
-        if len(wire.completions) > limits.completions_per_group:
-            detail = f"groups[{i}]: {len(wire.completions)} completions > {limits.completions_per_group}"
-        elif any(len(c.text.encode("utf-8", "surrogatepass")) > limits.text_bytes for c in wire.completions):
-            detail = f"groups[{i}]: a completion over {limits.text_bytes} bytes"
-        else:
-            return True
-        self._count("over_cap", peer, detail)
-        return False
+    def _within_caps(self, i: int, wire: WireGroup, peer: str) -> WireGroup | None:
+        """The group cut to what this node samples itself (its first G completions), or None if a kept
+        completion's text is longer than this node would sample (counted as ``over_cap``)."""
+        n = self.limits.completions_per_group
+        if len(wire.completions) > n:
+            wire = replace(wire, completions=wire.completions[:n], claimed_rewards=wire.claimed_rewards[:n])
+        limit = self.limits.text_bytes
+        if any(len(c.text.encode("utf-8", "surrogatepass")) > limit for c in wire.completions):
+            self._count("over_cap", peer, f"groups[{i}]: a completion over {limit} bytes")
+            return None
+        return wire
 
     def _check_logprobs(self, batch: RolloutBatch) -> None:
         for i, group in enumerate(batch.groups):
@@ -360,8 +361,9 @@ class Verifier:
                     "over_budget", f"{cpu:.2f} s of CPU in {self.limits.score_wall_s} s", charged=charged
                 )
 
-        for i, (wire, ref) in enumerate(zip(batch.groups, refs, strict=True)):
-            if not self._within_caps(i, wire, batch.peer_id):
+        for i, (sent, ref) in enumerate(zip(batch.groups, refs, strict=True)):
+            wire = self._within_caps(i, sent, batch.peer_id)
+            if wire is None:
                 continue
             check_budget()
             question = self.bank.question(ref)

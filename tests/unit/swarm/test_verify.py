@@ -20,6 +20,7 @@ from swarmnode.rollouts import Provenance
 from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.verify import ALL_REASONS, VERIFY_REASONS
 from swarmnode.tasks import TaskBank
+from tests.helpers import oracles
 from tests.helpers.verify_world import (
     FUZZ,
     HONEST,
@@ -79,7 +80,8 @@ def test_honest_batch_is_accepted_and_rescored_locally(node: Node, honest: Peer,
         expected = [bank.score(question, c.text) for c in group.completions]
         assert group.rewards == tuple(e[0] for e in expected)  # this node's format bonus (0.1) ...
         assert group.task_scores == tuple(e[1] for e in expected) == wire.claimed_rewards  # ... same scores
-        assert group.rewards[0] == pytest.approx(1.1) and group.task_scores[1] == 0.0
+        right = oracles.oracle(question, bank) is not None  # a few logic items have no right answer
+        assert group.rewards[0] == pytest.approx(1.1 if right else 0.15) and group.task_scores[1] == 0.0
         assert group.informative
         assert group.provenance == Provenance(
             source="peer",
