@@ -13,7 +13,6 @@ trace) is ``swarm.records``; the pool, dedup and the choice of J are ``swarm.poo
 
 from __future__ import annotations
 
-import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.pool import GroupPool
 from swarmnode.swarm.records import ShareTrace, SwarmCounters
 from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import Verifier
+from swarmnode.swarm.verify import ReceiveLimits, Verifier
 
 POLL_INTERVAL_S = 0.5
 MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
@@ -60,7 +59,10 @@ class Swarm:
         self.on_status = on_status  # e.g. the metrics collector: gets every status written
         self.transport = Transport(identity_path, cfg.swarm)
         self.book = PeerBook()
-        self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s)
+        limits = ReceiveLimits.for_node(
+            cfg.sampling, tokenizer_fingerprint=policy.tokenizer_fingerprint, vocab_size=len(policy.tokenizer)
+        )  # raises ConfigError at start if our own config could not go on the wire
+        self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s, limits=limits)
         self.counters = SwarmCounters()
         self.addrs: list[str] = []
         self.roster: dict[str, protocol.RosterCard] = {}
@@ -72,7 +74,7 @@ class Swarm:
             str, protocol.BatchAnnouncement
         ] = {}  # verified and new, to pull at the next poll
         self._fetch_attempts: Counter[bytes] = Counter()
-        self.pool = GroupPool(random.Random(identity.peer_id))
+        self.pool = GroupPool()  # ties broken by os.urandom: not predictable from our public peer id
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
         self._settled: set[str] = set()
@@ -177,12 +179,12 @@ class Swarm:
             except protocol.ProtocolError as exc:
                 if peer not in self._ignored_peers:
                     self._ignored_peers.add(peer)
-                    log(f"ignoring peer {peer[:16]}...: roster card rejected ({exc.reason})")
+                    log(f"ignoring peer {ascii(peer[:16])}...: roster card rejected ({exc.reason})")
                 continue
             if card.protocol_version != protocol.PROTOCOL_VERSION:
                 if peer not in self._ignored_peers:
                     self._ignored_peers.add(peer)
-                    log(f"ignoring peer {peer[:16]}...: speaks protocol v{card.protocol_version}")
+                    log(f"ignoring peer {ascii(peer[:16])}...: speaks protocol v{card.protocol_version}")
                 continue
             self.roster[peer] = card
             # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.

@@ -245,7 +245,7 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
     for name, identity in ids.items():
         identity.save(keys[name])
     cfg = NodeConfig.model_validate({"swarm": {"swarm_id": "ours"}})
-    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32)
+    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
     bank = TaskBank(cfg.tasks, default_seed=0)
     node = Swarm(
         cfg, identity=ids["node"], bank=bank, policy=policy, identity_path=keys["node"], run_dir=tmp_path

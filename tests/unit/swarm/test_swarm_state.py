@@ -35,7 +35,7 @@ def test_failed_pulls_leave_no_retry_counter_behind(tmp_path):
         NodeConfig(),
         identity=identity,
         bank=TaskBank(TasksConfig(mix={"basic_arithmetic": TaskSpec()}, seed=1)),
-        policy=SimpleNamespace(name="tiny", tokenizer_fingerprint=""),
+        policy=SimpleNamespace(name="tiny", tokenizer_fingerprint="", tokenizer=range(512)),
         identity_path=tmp_path / "identity.key",
         run_dir=tmp_path,
     )  # not started: only its bookkeeping is exercised
