@@ -38,6 +38,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -125,8 +126,11 @@ class Transport(PayloadServer):
 
         self.peer_id: str = ""
         self.stats.update(dict.fromkeys(("fetch_ok", "fetch_bytes", "disconnected_after_timeout"), 0))
+        self.stats.update(dict.fromkeys(("dht_read_failed", "dht_store_failed"), 0))
         self.stats.update({f"fetch_failed_{reason}": 0 for reason in FETCH_FAILURE_REASONS})
         self._record_trouble_logged = False
+        self.last_read_ok = 0.0  # time.time() of the last DHT get / store that succeeded (0: never)
+        self.last_write_ok = 0.0
 
         self._dht: hivemind.DHT | None = None
         self._p2p: Any = None  # hivemind.P2P replica on the DHT's daemon
@@ -156,7 +160,7 @@ class Transport(PayloadServer):
             self._started = True
             atexit.register(self.shutdown)
             # every wait below is bounded, but hivemind's are not all ours: if start-up still hangs, the
-            # threads' stacks on stderr say where (a start-up hang under load 20 was never explained)
+            # threads' stacks on stderr say where (docs/reliability.md, "Left open")
             daemon.dump_stacks_after(STARTUP_STACKS_AFTER * self.start_timeout_s)
             try:
                 mode = self.swarm.reachability
@@ -349,39 +353,45 @@ class Transport(PayloadServer):
                 raise
         except Exception as exc:
             self._record_trouble(f"DHT store of {key!r} failed: {exc!r}")
+            self._count("dht_store_failed")
             return False
         self._record_trouble_logged = False
+        if ok:
+            self.last_write_ok = time.time()
+        else:  # no node took it: the DHT's validators refused it, or every storing node is full
+            self._count("dht_store_failed")
         return ok
 
     def get_records(self, key: str, timeout_s: float | None = None) -> dict[str, bytes]:
-        """All live (subkey -> value) pairs under ``key``; {} on a miss, any network trouble, or no answer
-        within ``timeout_s`` (default ``RECORD_GET_TIMEOUT_S``).
+        """All live (subkey -> value) pairs under ``key`` (``get_many_records`` of one key)."""
+        return self.get_many_records([key], timeout_s).get(key, {})
 
-        Entries whose subkey is not a str or whose value is not bytes of at most MAX_RECORD_BYTES are
-        dropped: any node can write any subkey, so what comes back is untrusted.
+    def get_many_records(
+        self, keys: list[str], timeout_s: float | None = None
+    ) -> dict[str, dict[str, bytes]]:
+        """Live (subkey -> value) pairs under each of ``keys``, looked up together; a key is missing on a
+        miss, and all are on any network trouble or no answer within ``timeout_s`` (default
+        ``RECORD_GET_TIMEOUT_S``). Entries whose subkey is not a str or whose value is not bytes of at
+        most MAX_RECORD_BYTES are dropped: what comes back is untrusted.
         """
-        if not self._running():
+        if not self._running() or not keys:
             return {}
         assert self._dht is not None
         try:
-            future = self._dht.get(key, latest=True, return_future=True)
+            coro = functools.partial(daemon.get_many, keys=list(keys))
+            future = self._dht.run_coroutine(coro, return_future=True)
             try:
                 found = future.result(timeout=RECORD_GET_TIMEOUT_S if timeout_s is None else timeout_s)
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 raise
         except Exception as exc:
-            self._record_trouble(f"DHT get of {key!r} failed: {exc!r}")
+            self._record_trouble(f"DHT get of {keys[0]!r} and {len(keys) - 1} more failed: {exc!r}")
+            self._count("dht_read_failed")
             return {}
         self._record_trouble_logged = False
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        records = {}
-        for subkey, item in found.value.items():
-            value = getattr(item, "value", None)
-            if isinstance(subkey, str) and isinstance(value, bytes) and len(value) <= MAX_RECORD_BYTES:
-                records[subkey] = value
-        return records
+        self.last_read_ok = time.time()
+        return found
 
     def _record_trouble(self, message: str) -> None:
         """Warn once per outage; repeats go to debug so a flaky network does not flood the log."""
@@ -504,6 +514,10 @@ class Transport(PayloadServer):
 
     def connected_peer_count(self) -> int:
         return len(self.connected_peers())
+
+    def dht_alive(self) -> bool:
+        """Whether the DHT process (and with it p2pd) is running."""
+        return self._running() and self._dht is not None and self._dht.is_alive()
 
     def dht_stats(self, timeout_s: float = 5.0) -> dict[str, int]:
         """``routing_table_peers`` and ``stored_records`` (keys this node stores for the DHT); {} if the
