@@ -262,8 +262,14 @@ class Verifier:
             groups = self._verify_batch(announcement, data, stream_peer)
         except (ProtocolError, _Rejected) as e:
             self._count(e.reason, stream_peer, e.detail)
-            if e.reason not in _NOT_CHARGED and getattr(e, "charged", True):
+            charged = e.reason not in _NOT_CHARGED and getattr(e, "charged", True)
+            if charged:
                 self.book.strike(stream_peer, e.reason)
+            if e.reason == "over_budget":  # rare (the sender is struck) and worth an operator's eye
+                log.warning(
+                    "scoring a batch from %s ran over budget: %s; rejected%s",
+                    stream_peer, e.detail, ", sender charged" if charged else "",
+                )  # fmt: skip
             return []
         except Exception:  # noqa: BLE001 - peer data must never crash the node
             self._internal_error(stream_peer)
@@ -348,18 +354,17 @@ class Verifier:
     def _score(self, batch: RolloutBatch, refs: list[TaskRef]) -> list[RolloutGroup]:
         provenance = batch_provenance(batch)
         groups = []
-        cpu_start, cpu_budget = time.thread_time(), self.limits.score_cpu_s
-        wall_end = self.monotonic() + self.limits.score_wall_s
+        cpu_start, wall_start = time.thread_time(), self.monotonic()
+        cpu_budget, wall_budget = self.limits.score_cpu_s, self.limits.score_wall_s
 
         def check_budget() -> None:  # before every answer: the overshoot is at most one answer's cost
-            cpu = time.thread_time() - cpu_start
-            if cpu > cpu_budget:
-                raise _Rejected("over_budget", f"scoring took over {cpu_budget} s of CPU")
-            if self.monotonic() > wall_end:
-                charged = cpu >= WALL_OVERRUN_CHARGE_FRACTION * cpu_budget
-                raise _Rejected(
-                    "over_budget", f"{cpu:.2f} s of CPU in {self.limits.score_wall_s} s", charged=charged
+            cpu, wall = time.thread_time() - cpu_start, self.monotonic() - wall_start
+            if cpu > cpu_budget or wall > wall_budget:
+                charged = cpu > cpu_budget or cpu >= WALL_OVERRUN_CHARGE_FRACTION * cpu_budget
+                spent = (
+                    f"{cpu:.3f} s CPU, {wall:.3f} s wall (budget {cpu_budget} s CPU, {wall_budget} s wall)"
                 )
+                raise _Rejected("over_budget", spent, charged=charged)
 
         for i, (sent, ref) in enumerate(zip(batch.groups, refs, strict=True)):
             wire = self._within_caps(i, sent, batch.peer_id)
@@ -380,20 +385,20 @@ class Verifier:
     # --- bookkeeping -----------------------------------------------------------------------------
     def _count(self, reason: str, peer: object, detail: str = "") -> None:
         self.rejections[reason] += 1
-        log.debug("rejected data from %s: %s%s", peer, reason, f" ({detail})" if detail else "")
+        log.debug("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
 
     def _internal_error(self, peer: object) -> None:
         self.rejections["internal_error"] += 1
         if not self._internal_errors_logged:
             self._internal_errors_logged = True
             log.warning(
-                "internal error while verifying data from %s; dropped it (further ones are logged at "
+                "internal error while verifying data from %r; dropped it (further ones are logged at "
                 "debug level)",
                 peer,
                 exc_info=True,
             )
         else:
-            log.debug("internal error while verifying data from %s", peer, exc_info=True)
+            log.debug("internal error while verifying data from %r", peer, exc_info=True)
 
     def snapshot(self) -> dict:
         """Counters for status and metrics."""
