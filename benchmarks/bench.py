@@ -322,7 +322,7 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
 
         sides[f"{layout}_{precision}"] = step
         ours.layout = layout if supported else "plain"
-        computed = sum(b.input_ids.numel() for _, b in ours._batches(sequences))
+        computed = sum(entry[-1].input_ids.numel() for entry in ours._batches(sequences))
         out[f"{layout}_{precision}_tokens_computed"] = computed
     try:
         theirs = TRLStep(policy.model, policy.tokenizer, sequences, cfg, args.completions)
