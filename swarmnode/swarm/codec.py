@@ -101,14 +101,15 @@ def encode_message(identity: Identity, swarm_id: str, msg: Message) -> bytes:
 def decode_message(
     data: bytes,
     *,
-    swarm_id: str,
+    swarm_id: str | None,
     expected_type: str | None = None,
     expected_peer_id: str | None = None,
 ) -> tuple[Message, str]:
     """Check and decode one envelope; returns (message, sender peer id). Raises only ProtocolError.
 
     ``expected_peer_id``: the peer the bytes must come from (the stream's authenticated remote peer,
-    or the DHT subkey they were stored under).
+    or the DHT subkey they were stored under). ``swarm_id=None`` accepts any swarm (the DHT record
+    validator: a node stores records for every swarm whose keys are near it).
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise TypeError("decode_message takes bytes")
@@ -156,7 +157,7 @@ def decode_message(
         raise ProtocolError("peer_id_mismatch", f"body peer_id is not {sender}")
     if expected_peer_id is not None and sender != expected_peer_id:
         raise ProtocolError("wrong_sender", f"signed by {sender}, expected {expected_peer_id}")
-    if claimed_swarm != swarm_id:
+    if swarm_id is not None and claimed_swarm != swarm_id:
         raise ProtocolError("wrong_swarm", f"swarm {claimed_swarm!r}, this node is in {swarm_id!r}")
     return cls.from_body(r), sender
 

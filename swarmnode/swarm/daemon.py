@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
+from swarmnode.swarm.protocol import MAX_RECORD_BYTES, RECORD_CLOCK_TOLERANCE_S
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a DHT starts, not on import
     import hivemind
 
 logger = logging.getLogger(__name__)
 
-CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
 PARENT_CHECK_PERIOD_S = 1.0
 _CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
 
@@ -85,6 +85,8 @@ def start_dht(
     """Start the DHT process (and its p2pd) and wait until it is ready; TransportError if it is not."""
     import hivemind
 
+    from swarmnode.swarm.dht_guard import SignedRecordValidator, install_bounded_storage
+
     kwargs: dict[str, Any] = {}
     if swarm.announce_maddrs:
         kwargs["announce_maddrs"] = list(swarm.announce_maddrs)
@@ -103,12 +105,14 @@ def start_dht(
         client_mode=client,
         # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
         check_if_identity_free=False,
+        record_validators=[SignedRecordValidator()],
         start=True,
         await_ready=False,
         **kwargs,
     )
     try:
         dht.wait_until_ready(timeout=start_timeout_s)
+        dht.run_coroutine(install_bounded_storage, return_future=True).result(start_timeout_s)
     except BaseException as exc:
         stop_dht_process(dht)
         raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
@@ -127,7 +131,7 @@ def startup_error(
         return TransportError(
             "clock_skew",
             f"this machine's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} an "
-            f"initial peer's, and the DHT allows {CLOCK_TOLERANCE_S:.0f} s. Turn on time sync "
+            f"initial peer's, and the DHT allows {RECORD_CLOCK_TOLERANCE_S:.0f} s. Turn on time sync "
             "(`timedatectl set-ntp true`, or install chrony) and start again.",
         )
     if initial_peers and ("bootstrap" in text or isinstance(exc, concurrent.futures.TimeoutError)):
@@ -149,10 +153,31 @@ def startup_error(
 
 async def dht_stats(_dht: Any, node: Any) -> dict[str, int]:
     """Runs inside the DHT process."""
+    from swarmnode.swarm.dht_guard import guard_stats
+
     return {
         "routing_table_peers": len(node.protocol.routing_table.uid_to_peer_id),
         "stored_records": len(node.protocol.storage),
+        **await guard_stats(_dht, node),
     }
+
+
+async def get_many(_dht: Any, node: Any, *, keys: list[str]) -> dict[str, dict[str, bytes]]:
+    """Runs inside the DHT process: the newest (subkey -> value) pairs under each key, untrusted ones
+    (subkey not a str, value not bytes of at most MAX_RECORD_BYTES) left out."""
+    found = await node.get_many(keys, sufficient_expiration_time=float("inf"))  # latest, as get(latest=True)
+    out: dict[str, dict[str, bytes]] = {}
+    for key, item in found.items():
+        value = getattr(item, "value", None)
+        if not isinstance(value, dict):
+            continue
+        records = {}
+        for subkey, entry in value.items():
+            data = getattr(entry, "value", None)
+            if isinstance(subkey, str) and isinstance(data, bytes) and len(data) <= MAX_RECORD_BYTES:
+                records[subkey] = data
+        out[key] = records
+    return out
 
 
 def check_listen_ports(host_maddrs: list[str]) -> None:

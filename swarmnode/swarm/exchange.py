@@ -27,7 +27,7 @@ from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.pool import GroupPool
 from swarmnode.swarm.records import ShareTrace, SwarmCounters
 from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import ReceiveLimits, Verifier
+from swarmnode.swarm.verify import ReceiveLimits, Verifier, card_fingerprint, roster_extra
 
 POLL_INTERVAL_S = 0.5
 MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
@@ -35,6 +35,11 @@ MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so e
 MAX_FETCH_ATTEMPTS = 2
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
+# roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
+MAX_ROSTER_PEERS = protocol.ROSTER_SHARDS * protocol.MAX_SUBKEYS_PER_KEY
+# a peer that announces a payload and then answers "not found" is charged half a strike: an honest
+# node does it only after a restart (its announcement outlives its payload store), a squatter every time
+NOT_FOUND_STRIKE_WEIGHT = 0.5
 
 
 class Swarm:
@@ -64,16 +69,18 @@ class Swarm:
         )  # raises ConfigError at start if our own config could not go on the wire
         self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s, limits=limits)
         self.counters = SwarmCounters()
+        self._round_counts = records.RoundCounts()
         self.addrs: list[str] = []
         self.roster: dict[str, protocol.RosterCard] = {}
         self._ignored_peers: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
-        self._pulled: BoundedSet[bytes] = BoundedSet(
-            MAX_PULLED
-        )  # payload digests already fetched (accepted or not)
+        # peers whose roster card names another task fingerprint: their batches are not pulled
+        self._incompatible: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
+        # (announcer, payload digest) already fetched (accepted or not)
+        self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
         self._deferred: dict[
             str, protocol.BatchAnnouncement
         ] = {}  # verified and new, to pull at the next poll
-        self._fetch_attempts: Counter[bytes] = Counter()
+        self._fetch_attempts: Counter[tuple[str, bytes]] = Counter()
         self.pool = GroupPool()  # ties broken by os.urandom: not predictable from our public peer id
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
@@ -100,7 +107,9 @@ class Swarm:
 
     @property
     def _round_ttl_s(self) -> float:
-        return max(4 * self.cfg.swarm.share_deadline_s, 60.0)
+        """Lifetime of this node's DHT records (and the age a peer's may have): four share deadlines, at
+        least a minute, at most half of what storing nodes allow (slack for a slow store after signing)."""
+        return min(max(4 * self.cfg.swarm.share_deadline_s, 60.0), protocol.MAX_RECORD_TTL_S / 2)
 
     # -- publishing ------------------------------------------------------------------------------
 
@@ -122,10 +131,12 @@ class Swarm:
             addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
             timestamp=time.time(),
             seq=self._next_seq(),
+            extra=roster_extra(self.verifier.bank.fingerprint),
         )
         record = codec.encode_message(self.identity, self.swarm_id, card)
         self.transport.put_record(
-            protocol.roster_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            protocol.roster_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
+            self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
 
@@ -153,7 +164,8 @@ class Swarm:
         self.transport.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
         stored = self.transport.put_record(
-            protocol.announce_key(self.swarm_id), self.identity.peer_id, record, self._round_ttl_s,
+            protocol.announce_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
+            self._round_ttl_s,
             timeout_s=self._dht_wait(deadline),
         )  # fmt: skip
         self._trace(
@@ -166,17 +178,27 @@ class Swarm:
     # -- collecting ------------------------------------------------------------------------------
 
     def _live_peers(self, deadline: float | None = None) -> set[str]:
-        """Compatible peers in the roster (foreign or incompatible ones are ignored with one line)."""
+        """Compatible peers in the roster (foreign or incompatible ones are ignored with one line).
+
+        A card counts only when it is fresh (signed within the records' lifetime, not ahead of our clock
+        by more than the protocol's skew) and its seq is not older than one already seen from that peer;
+        the roster holds at most MAX_ROSTER_PEERS cards. Refused cards are counted by reason."""
         live = set()
-        records = self.transport.get_records(protocol.roster_key(self.swarm_id), self._dht_wait(deadline))
-        for peer, record in records.items():
+        keys = protocol.roster_keys(self.swarm_id)
+        shards = self.transport.get_many_records(keys, self._dht_wait(deadline))
+        now = time.time()
+        for peer, record in (item for shard in shards.values() for item in shard.items()):
             if peer == self.identity.peer_id:
+                continue
+            if peer not in self.roster and len(self.roster) >= MAX_ROSTER_PEERS:
+                self.counters.roster_refused["roster_full"] += 1
                 continue
             try:
                 card, _ = codec.decode_message(
                     record, swarm_id=self.swarm_id, expected_type=protocol.ROSTER_CARD, expected_peer_id=peer
                 )
             except protocol.ProtocolError as exc:
+                self.counters.roster_refused[exc.reason] += 1
                 if peer not in self._ignored_peers:
                     self._ignored_peers.add(peer)
                     log(f"ignoring peer {ascii(peer[:16])}...: roster card rejected ({exc.reason})")
@@ -186,12 +208,27 @@ class Swarm:
                     self._ignored_peers.add(peer)
                     log(f"ignoring peer {ascii(peer[:16])}...: speaks protocol v{card.protocol_version}")
                 continue
+            if card_fingerprint(card) != self.verifier.bank.fingerprint:  # skipped, never charged
+                self._incompatible.add(peer)
+                self.roster.pop(peer, None)
+                if peer not in self._ignored_peers:
+                    self._ignored_peers.add(peer)
+                    log(f"ignoring peer {ascii(peer[:16])}...: another task mix or scorer version")
+                continue
+            self._incompatible.discard(peer)
+            try:
+                protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
+                digest = protocol.payload_digest(record)
+                self.book.check_sequence(peer, protocol.ROSTER_CARD, card.seq, digest)
+            except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
+                self.counters.roster_refused[exc.reason] += 1
+                continue
             self.roster[peer] = card
             # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
-            recent = time.time() - card.timestamp < self._round_ttl_s / 2
+            recent = now - card.timestamp < self._round_ttl_s / 2
             if recent and not self.book.is_banned(peer):
                 live.add(peer)
-        now = time.time()  # a card past its DHT record's lifetime is forgotten: churn must not pile up
+        # a card past its DHT record's lifetime is forgotten: churn must not pile up
         for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
             del self.roster[peer]
         return live
@@ -213,25 +250,30 @@ class Swarm:
     def poll(self, round_: int, deadline: float) -> None:
         """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
         t_get = time.time()
-        records = self.transport.get_records(protocol.announce_key(self.swarm_id), self._dht_wait(deadline))
+        peers = [p for p in self.roster if p != self.identity.peer_id and not self.book.is_banned(p)]
+        keys = {protocol.announce_key(self.swarm_id, peer): peer for peer in peers}
+        found = self.transport.get_many_records(list(keys), self._dht_wait(deadline))
         t_seen = time.time()
-        for peer, record in records.items():
-            if peer == self.identity.peer_id:
-                continue
+        for key, peer in keys.items():
+            record = found.get(key, {}).get(peer)
             # check_announcement records a new seq as seen and returns None for it afterwards, so one that
             # arrives when the deadline has passed waits in _deferred for the next poll instead of being lost
-            announcement = self.verifier.check_announcement(record, peer) or self._deferred.get(peer)
+            fresh = None if record is None else self.verifier.check_announcement(record, peer)
+            announcement = fresh or self._deferred.get(peer)
             self._deferred.pop(peer, None)
             if announcement is None:
                 continue
-            if announcement.payload_sha256 in self._pulled:  # old data announced anew: never pulled twice
+            pull = (peer, announcement.payload_sha256)
+            # data already accepted, announced anew (by anyone): never pulled twice. Keyed by announcer too,
+            # so a peer that announces someone else's digest and answers "not found" suppresses nothing.
+            if pull in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
                 self.verifier.count_repeat(announcement, peer)
                 continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._deferred[peer] = announcement
                 return
-            self._pulled.add(announcement.payload_sha256)
+            self._pulled.add(pull)
             trace = {
                 "peer": peer, "round": announcement.round, "our_round": round_,
                 "announced_ts": announcement.timestamp, "get_started": t_get, "seen": t_seen,
@@ -250,7 +292,7 @@ class Swarm:
                 self._after_failed_fetch(peer, announcement, exc.reason)
                 continue
             trace["fetched"] = time.time()
-            self._fetch_attempts.pop(announcement.payload_sha256, None)
+            self._fetch_attempts.pop(pull, None)
             self.counters.batches_received += 1
             groups, duplicates = self.pool.unseen(self.verifier.check_batch(announcement, data, peer))
             self.counters.duplicate_groups += duplicates
@@ -263,16 +305,19 @@ class Swarm:
 
     def _after_failed_fetch(self, peer: str, announcement: protocol.BatchAnnouncement, reason: str) -> None:
         """Transient failures are retried at the next poll (bounded); an oversized frame is the
-        authenticated sender's fault and costs it a strike."""
-        digest = announcement.payload_sha256
+        authenticated sender's fault and costs it a strike; "not found" for a payload the peer announced
+        itself costs it half of one (NOT_FOUND_STRIKE_WEIGHT)."""
+        pull = (peer, announcement.payload_sha256)
         if reason == "oversize":
             self.book.strike(peer, "oversize")
-        elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[digest] < MAX_FETCH_ATTEMPTS - 1:
-            self._fetch_attempts[digest] += 1
-            self._pulled.discard(digest)
+        elif reason == "not_found":
+            self.book.strike(peer, "not_found", NOT_FOUND_STRIKE_WEIGHT)
+        elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[pull] < MAX_FETCH_ATTEMPTS - 1:
+            self._fetch_attempts[pull] += 1
+            self._pulled.discard(pull)
             self._deferred[peer] = announcement
             return
-        self._fetch_attempts.pop(digest, None)
+        self._fetch_attempts.pop(pull, None)
         self._settled.add(peer)
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
@@ -305,6 +350,10 @@ class Swarm:
 
     def status(self, round_: int, policy_version: int) -> dict:
         return records.status(self, round_, policy_version)
+
+    def round_counts(self) -> dict:
+        """Peer traffic since the last call (records.RoundCounts), for the round's metrics record."""
+        return self._round_counts.take(self)
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``records.write_status``), also handed to ``on_status``."""

@@ -75,6 +75,12 @@ MAX_CLOCK_SKEW_S = 30.0  # |timestamp - receiver clock| must be <= this
 ROSTER_TTL_PERIODS = 2  # roster DHT entries expire after 2 announce periods
 ANNOUNCE_TTL_ROUNDS = 3  # announcements expire after 3 round durations
 
+# --- DHT records (checked where they are stored: swarm/dht.py; PROTOCOL.md section 8) ---------------
+MAX_RECORD_TTL_S = 900.0  # a record expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
+RECORD_CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+ROSTER_SHARDS = 8  # roster keys per swarm (roster_key)
+MAX_SUBKEYS_PER_KEY = 64  # subkeys one DHT key holds: 64 x 8 KiB stays far under hivemind's 4 MiB answer
+
 # --- payload pulls over a libp2p stream ----------------------------------------------------------
 PAYLOAD_STREAM = "/swarmnode/v1/payload"  # hivemind add_binary_stream_handler name
 PULL_REQUEST_BYTES = 32  # the request is the payload's sha256
@@ -489,16 +495,29 @@ def validate_swarm_id(swarm_id: str) -> str:
     return swarm_id
 
 
-def roster_key(swarm_id: str) -> str:
-    """DHT key of the swarm's roster; subkey = peer id, value = encoded RosterCard."""
-    return f"swarmnode/{validate_swarm_id(swarm_id)}/roster"
+def roster_shard(peer_id: str) -> int:
+    """Which of the ``ROSTER_SHARDS`` roster keys holds ``peer_id``'s card: sha256(peer id)[0] mod shards."""
+    return hashlib.sha256(peer_id.encode("utf-8", "surrogatepass")).digest()[0] % ROSTER_SHARDS
 
 
-def announce_key(swarm_id: str) -> str:
-    """DHT key of the swarm's announcements; subkey = peer id, value = that peer's latest encoded
-    BatchAnnouncement. One key for all rounds: peers run at their own pace (and restart), so a reader
-    takes every peer's newest batch whatever its round number."""
-    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce"
+def roster_key(swarm_id: str, peer_id: str) -> str:
+    """DHT key of the roster shard holding ``peer_id``'s card; subkey = peer id, value = encoded RosterCard.
+    Sharded so that no one key's answer nears hivemind's 4 MiB response cap (``MAX_SUBKEYS_PER_KEY`` x
+    ``MAX_RECORD_BYTES`` per shard) and one bad subkey costs a reader at most one shard."""
+    return f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{roster_shard(peer_id)}"
+
+
+def roster_keys(swarm_id: str) -> list[str]:
+    """Every roster shard key of the swarm (what a reader gets)."""
+    return [f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{shard}" for shard in range(ROSTER_SHARDS)]
+
+
+def announce_key(swarm_id: str, peer_id: str) -> str:
+    """DHT key of ``peer_id``'s announcements: subkey = peer id, value = that peer's latest encoded
+    BatchAnnouncement. One key per peer, for all rounds: peers run at their own pace (and restart), so a
+    reader takes every peer's newest batch whatever its round number, and no other peer's subkeys can
+    make a reader lose it (hivemind drops a whole dictionary when one subkey fails validation)."""
+    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce/{peer_id}"
 
 
 def roster_ttl_s(announce_period_s: float) -> float:

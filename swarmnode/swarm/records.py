@@ -65,6 +65,7 @@ class SwarmCounters:
     groups_trained: int = 0
     duplicate_groups: int = 0
     fetch_failures: Counter = field(default_factory=Counter)
+    roster_refused: Counter = field(default_factory=Counter)  # roster cards not taken, by reason
     arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
 
 
@@ -102,6 +103,31 @@ def append_peer_groups(run_dir: Path, round_: int, groups: list[RolloutGroup]) -
                 "texts_sha256": texts_digest(group),
             }
             f.write(json.dumps(line) + "\n")
+
+
+class RoundCounts:
+    """What one round's exchange received, for the round's metrics.jsonl record: the counters' growth
+    since the previous ``take``. Keys: ``peer_batches_received``, ``peer_groups_accepted``,
+    ``peer_groups_trained``, and per reason ``peer_rejected`` and ``peer_fetch_failures``."""
+
+    def __init__(self) -> None:
+        self._last: dict = {}
+
+    def take(self, swarm: Swarm) -> dict:
+        now = {
+            "peer_batches_received": swarm.counters.batches_received,
+            "peer_groups_accepted": swarm.counters.groups_accepted,
+            "peer_groups_trained": swarm.counters.groups_trained,
+            "peer_rejected": Counter(swarm.verifier.rejections),
+            "peer_fetch_failures": Counter(swarm.counters.fetch_failures),
+        }
+        last, self._last = self._last, now
+        return {
+            key: dict(+(value - last.get(key, Counter())))
+            if isinstance(value, Counter)
+            else value - last.get(key, 0)
+            for key, value in now.items()
+        }
 
 
 def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
@@ -145,6 +171,7 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
         },
         "rejected": dict(sorted(swarm.verifier.rejections.items())),
         "fetch_failures": dict(counters.fetch_failures),
+        "roster_refused": dict(counters.roster_refused),
         "bans": [
             {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
             for peer, remaining, count, reason in swarm.book.bans()

@@ -38,7 +38,8 @@ from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
 from swarmnode.swarm import codec, convert, protocol
 from swarmnode.swarm.transport import Transport
-from swarmnode.tasks import TaskBank
+from swarmnode.swarm.verify import roster_extra
+from swarmnode.tasks import TaskBank, answer_char_limit
 
 MARKER = "HOSTILE-MARKER"
 CONTROL_MARKER = "REPLAY-CONTROL"
@@ -51,6 +52,8 @@ SETTLE_S = 2.5  # time into an honest exchange after which it has polled the DHT
 ROSTER_PERIOD_S = 8.0
 FLOOD_TEXT_BYTES = 16_000  # per completion (the limit is 16 KiB)
 FLOOD_GROUPS = 60  # x 4 completions: ~3.7 MiB per batch, under the 4 MiB frame cap
+COSTLY_TEXT_BYTES = 960  # x 64 completions x 64 groups: ~4 MiB, under the frame cap
+COSTLY_DATASET = "propositional_logic"  # its parser is quadratic in the answer
 TRICKLE_BYTES = 3 * 1024 * 1024
 TRICKLE_CHUNK = 64 * 1024
 TRICKLE_DELAY_S = 0.25
@@ -131,9 +134,12 @@ class Hostile:
             addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
             timestamp=time.time(),
             seq=self.seq(),
+            extra=roster_extra(self.bank.fingerprint),  # the honest node's task mix: it pulls from us
         )
         record = codec.encode_message(self.identity, self.swarm_id, card)
-        self.transport.put_record(protocol.roster_key(self.swarm_id), self.peer_id, record, self.ttl_s)
+        self.transport.put_record(
+            protocol.roster_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
+        )
         self.last_roster = time.monotonic()
 
     def sleep(self, seconds: float) -> None:
@@ -146,7 +152,9 @@ class Hostile:
 
     def honest_round(self) -> int | None:
         """The round in the honest node's roster card (it republishes it as each exchange starts)."""
-        record = self.transport.get_records(protocol.roster_key(self.swarm_id)).get(self.honest_peer)
+        record = self.transport.get_records(protocol.roster_key(self.swarm_id, self.honest_peer)).get(
+            self.honest_peer
+        )
         if record is None:
             return None
         try:
@@ -246,7 +254,7 @@ class Hostile:
         )
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
         if not self.transport.put_record(
-            protocol.announce_key(self.swarm_id), self.peer_id, record, self.ttl_s
+            protocol.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
         ):
             say("WARN", {"put_record": "failed"})
         return announcement
@@ -441,6 +449,33 @@ class Hostile:
         for i, digest in enumerate(digests):
             self.record(f"after_ban_{i + 1}", digest)
 
+    def costly(self) -> None:
+        """One valid, honestly claimed batch of ~4 MiB whose every answer is the costliest its dataset's
+        scorer sees at the receiver's answer cap (a long chain of conjunctions): 64 groups of 64
+        completions. The receiver keeps its own G completions per group, stops scoring at its budget
+        (-> over_budget, a strike) and finishes the round on time."""
+        answer = ("P ∧ " * 64)[: answer_char_limit(COSTLY_DATASET) - 1] + "P"
+        config = self.cfg.tasks.mix[COSTLY_DATASET].config
+        groups = []
+        for _ in range(protocol.MAX_GROUPS_PER_BATCH):
+            self.next_index += 1
+            ref = TaskRef.make(COSTLY_DATASET, HOSTILE_SEED, self.next_index, config)
+            tail = f"<answer>{answer}</answer>"
+            head = f"{MARKER} " + "x" * (COSTLY_TEXT_BYTES - len(tail.encode()) - len(MARKER) - 2) + "\n"
+            text = head + tail
+            score = self.bank.score(self.bank.question(ref), text)[1]
+            groups.append(
+                protocol.WireGroup(
+                    task=convert.task_to_wire(ref),
+                    completions=tuple(protocol.WireCompletion(text=text, n_tokens=0) for _ in range(64)),
+                    claimed_rewards=(float(score),) * 64,
+                )
+            )
+        batch = self.batch(groups)
+        data = self.encode(batch)
+        self.wait_next_exchange(timeout_s=120.0, settle_s=0.0)  # early in an exchange: time to pull
+        self.send("costly", data, batch, bytes=len(data))
+
     def trickle(self) -> None:
         """Serve a large payload slowly (for a SIGKILL in the middle of the transfer): header, then
         64 KiB every 0.25 s. Prints STREAMING once the first chunk is out; waits to be killed."""
@@ -481,6 +516,7 @@ ATTACKS = (
     "inflated_rewards",
     "flood",
     "trickle",
+    "costly",
 )
 
 

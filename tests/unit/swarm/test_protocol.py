@@ -407,14 +407,20 @@ def test_stream_framing():
 
 
 def test_dht_layout_and_freshness():
-    assert protocol.roster_key("demo-1") == "swarmnode/demo-1/roster"
-    assert protocol.announce_key("demo-1") == "swarmnode/demo-1/announce"
+    peer = ME.peer_id
+    shard = protocol.roster_shard(peer)
+    assert 0 <= shard < protocol.ROSTER_SHARDS
+    assert protocol.roster_key("demo-1", peer) == f"swarmnode/demo-1/roster/{shard}"
+    assert protocol.roster_keys("demo-1") == [
+        f"swarmnode/demo-1/roster/{i}" for i in range(protocol.ROSTER_SHARDS)
+    ]
+    assert protocol.announce_key("demo-1", peer) == f"swarmnode/demo-1/announce/{peer}"
     assert protocol.roster_ttl_s(10.0) == 20.0 and protocol.announce_ttl_s(30.0) == 90.0
     for bad in ("", "has/slash", "-dash-first", "x" * 65, "spa ce"):
         with pytest.raises(ValueError, match="swarm id"):
-            protocol.roster_key(bad)
+            protocol.roster_key(bad, peer)
     with pytest.raises(ValueError, match="swarm id"):
-        protocol.announce_key("has/slash")
+        protocol.announce_key("has/slash", peer)
     protocol.check_fresh(100.0, now=129.0)
     protocol.check_fresh(100.0, now=71.0)
     for ts in (131.0, 69.0, math.nan, math.inf):

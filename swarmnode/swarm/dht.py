@@ -1,0 +1,85 @@
+"""DHT records no peer can forge, pin or drown: the rule every node applies where records are stored.
+
+hivemind's ``rpc_store`` accepts any key, subkey, value and expiration from anyone, and for one
+(key, subkey) the later expiration wins. Every swarmnode DHT node therefore installs a record
+validator (``swarm.dht_guard``) that calls ``check_record`` on each record it is asked to store and on
+each one a lookup brings back. A record is kept only when (PROTOCOL.md section 8):
+
+1. it has a subkey (a plain value at a key would replace the whole dictionary there);
+2. its value is at most ``MAX_RECORD_BYTES`` (plus msgpack's bin header) and is one signed RosterCard or
+   BatchAnnouncement that decodes under the v1 rules (any swarm);
+3. the subkey is the signer's peer id (``wrong_sender``): only a peer writes its own subkey;
+4. the key is the one the message names: ``roster_key(swarm, signer)`` for a card,
+   ``announce_key(swarm, signer)`` for an announcement (``wrong_key``);
+5. its signed timestamp is not ahead of the storing node's clock by more than ``MAX_CLOCK_SKEW_S``
+   (``stale``), and its expiration is at most timestamp + ``MAX_RECORD_TTL_S`` +
+   ``RECORD_CLOCK_TOLERANCE_S`` (``far_expiration``): nobody can pin a record (its own or, replayed,
+   another peer's) past its natural lifetime, so a peer's newest record always outlives its older ones.
+
+hivemind compares keys by their DHT id (sha1 of the msgpack-encoded key string: ``key_id``), so that is
+what the rule compares. Pure: no hivemind import; the test vectors in ``protocol/vectors`` check it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+
+from swarmnode.swarm.codec import decode_message
+from swarmnode.swarm.protocol import (
+    MAX_CLOCK_SKEW_S,
+    MAX_PEER_ID_BYTES,
+    MAX_RECORD_BYTES,
+    MAX_RECORD_TTL_S,
+    RECORD_CLOCK_TOLERANCE_S,
+    BatchAnnouncement,
+    ProtocolError,
+    RosterCard,
+    announce_key,
+    roster_key,
+)
+
+MSGPACK_BIN_HEADER_BYTES = 5  # hivemind stores our value msgpack-encoded: bin 32 header + the bytes
+# hivemind's reserved subkeys: a plain value (msgpack nil) and a whole dictionary (empty bytes)
+RESERVED_SUBKEYS = (msgpack.packb(None), b"")
+RECORD_REJECT_REASONS = ("no_subkey", "oversize", "malformed", "wrong_key", "far_expiration")
+
+
+def key_id(key: str) -> bytes:
+    """hivemind's DHT id of a key string: ``DHTID.generate(source=key).to_bytes()``."""
+    return hashlib.sha1(msgpack.packb(key, use_bin_type=True)).digest()
+
+
+def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now: float) -> str | None:
+    """None if a node may keep this stored DHT record (hivemind's encoding: ``key`` is the DHT id,
+    ``subkey`` and ``value`` msgpack-encoded); otherwise the reason: one of RECORD_REJECT_REASONS or a
+    ``ProtocolError`` reason from decoding the value."""
+    if subkey in RESERVED_SUBKEYS:
+        return "no_subkey"
+    if len(value) > MAX_RECORD_BYTES + MSGPACK_BIN_HEADER_BYTES or len(subkey) > MAX_PEER_ID_BYTES + 2:
+        return "oversize"
+    try:
+        peer = msgpack.unpackb(subkey, raw=False, max_str_len=MAX_PEER_ID_BYTES, max_bin_len=0)
+        data = msgpack.unpackb(value, raw=False, max_bin_len=MAX_RECORD_BYTES, max_str_len=0)
+    except Exception:  # noqa: BLE001 - any msgpack failure is a malformed record
+        return "malformed"
+    if type(peer) is not str or type(data) is not bytes:
+        return "malformed"
+    try:
+        msg, _ = decode_message(data, swarm_id=None, expected_peer_id=peer)
+    except ProtocolError as exc:
+        return exc.reason
+    if isinstance(msg, RosterCard):
+        expected = roster_key(msg.swarm_id, peer)
+    elif isinstance(msg, BatchAnnouncement):
+        expected = announce_key(msg.swarm_id, peer)
+    else:
+        return "wrong_key"  # a rollout batch never belongs in the DHT
+    if key_id(expected) != key:
+        return "wrong_key"
+    if msg.timestamp > now + MAX_CLOCK_SKEW_S:
+        return "stale"
+    if expiration > msg.timestamp + MAX_RECORD_TTL_S + RECORD_CLOCK_TOLERANCE_S:
+        return "far_expiration"
+    return None

@@ -1,0 +1,97 @@
+"""A hostile DHT peer in its own process: a bare hivemind DHT (no validators of its own) that attacks
+the swarm's records the way the security review did, then stays up until the test ends it.
+
+    python tests/helpers/dht_attacker.py <initial peer multiaddr> <swarm id> <victim peer id> <attacks...>
+
+Attacks (each aims at both key layouts, the single v1 keys and the per-peer / sharded keys):
+- ``pin``: garbage under the victim's roster and announcement subkeys, expiring in 10^7 s, and a plain
+  value (no subkey) at the victim's announcement keys;
+- ``spam``: 60 subkeys of 100 KB under the announcement and roster keys (past the 4 MiB answer cap);
+- ``sybil``: 1000 validly signed roster cards of fresh identities, dated 2100.
+
+Prints ``STORED {"attack": n accepted, ...}`` once done (how many stores some node accepted), then
+sleeps; the test kills it by PID.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+import time
+
+import hivemind
+from hivemind.utils import get_dht_time
+
+from swarmnode.identity import Identity
+from swarmnode.swarm import codec, protocol
+
+SYBILS = 1000
+SPAM_SUBKEYS = 60
+SPAM_BYTES = 100_000
+FAR_FUTURE_S = 1e7
+YEAR_2100 = 4_102_444_800.0
+
+
+def keys(swarm: str, peer: str, kind: str) -> list[str]:
+    """The key a peer's ``kind`` record lives under, in the v1 single-key layout and the sharded one."""
+    if kind == "roster":
+        shard = hashlib.sha256(peer.encode()).digest()[0] % 8
+        return [f"swarmnode/{swarm}/roster", f"swarmnode/{swarm}/roster/{shard}"]
+    return [f"swarmnode/{swarm}/announce", f"swarmnode/{swarm}/announce/{peer}"]
+
+
+async def _spam(_dht, node, *, keys: list[str]) -> int:
+    """Runs inside the attacker's DHT process: SPAM_SUBKEYS x SPAM_BYTES junk subkeys under each key."""
+    expiration = get_dht_time() + 600
+    stored = 0
+    for key in keys:
+        for i in range(SPAM_SUBKEYS):
+            ok = await node.store(key, bytes([i]) * SPAM_BYTES, expiration, subkey=f"junk-{i}")
+            stored += bool(ok)
+    return stored
+
+
+def main() -> None:
+    initial, swarm, victim, *attacks = sys.argv[1:]
+    dht = hivemind.DHT(initial_peers=[initial], client_mode=True, start=True)
+    stored: dict[str, int] = {}
+    futures = []
+
+    def store(attack: str, key: str, value: bytes, expiration: float, subkey=None) -> None:
+        futures.append((attack, dht.store(key, value, expiration, subkey=subkey, return_future=True)))
+
+    now = get_dht_time()
+    if "pin" in attacks:
+        for kind in ("roster", "announce"):
+            for key in keys(swarm, victim, kind):
+                store("pin", key, b"garbage", now + FAR_FUTURE_S, subkey=victim)
+        for key in keys(swarm, victim, "announce"):
+            store("pin", key, b"plain value", now + FAR_FUTURE_S)
+    if "spam" in attacks:  # built inside the DHT process: values over ~64 KiB crash hivemind's pipe
+        spam_keys = keys(swarm, victim, "roster") + keys(swarm, victim, "announce")
+        futures.append(
+            ("spam", dht.run_coroutine(functools.partial(_spam, keys=spam_keys), return_future=True))
+        )
+    if "sybil" in attacks:
+        for i in range(SYBILS):
+            sybil = Identity.from_seed(hashlib.sha256(b"sybil%d" % i).digest())
+            card = protocol.RosterCard(
+                peer_id=sybil.peer_id, swarm_id=swarm, model_name="sybil", tokenizer_fingerprint="",
+                policy_version=0, round=0, addrs=(), timestamp=YEAR_2100, seq=1,
+            )  # fmt: skip
+            record = codec.encode_message(sybil, swarm, card)
+            for key in keys(swarm, sybil.peer_id, "roster"):
+                store("sybil", key, record, YEAR_2100 + 60, subkey=sybil.peer_id)
+    for attack, future in futures:
+        try:
+            stored[attack] = stored.get(attack, 0) + int(future.result(timeout=120))
+        except Exception:  # noqa: BLE001 - a refused or failed store counts as not stored
+            stored.setdefault(attack, 0)
+    print("STORED " + json.dumps(stored), flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    main()
