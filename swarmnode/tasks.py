@@ -26,8 +26,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import hashlib
 import importlib
+import importlib.metadata
 import io
+import json
 import math
 import random
 import re
@@ -80,6 +83,10 @@ AUDITED_ANSWER_CHARS = {
 AUDITED_DATASETS = frozenset(AUDITED_ANSWER_CHARS)
 assert AUDITED_DATASETS >= set(SAPO_TASKS)
 UNAUDITED_ANSWER_CHARS = 16 * 1024  # other datasets (solo only: scored on this node's own text)
+# Bump when this module changes any score (answer caps, wrappers): nodes advertise it in their task
+# fingerprint, and peers with another one are skipped instead of failing reward checks.
+SCORER_REVISION = 2  # 2: answer caps, propositional_logic restatements score 0.05
+REASONING_GYM_VERSION = importlib.metadata.version("reasoning-gym")  # its __version__ lags its releases
 TRIVIAL_CONCLUSION_SCORE = 0.05  # reasoning-gym's score for a parseable conclusion that does not follow
 _ANSWER_CHECK_ITEMS = 8  # items whose reference answers must fit the cap when the bank starts
 
@@ -169,6 +176,11 @@ class TaskBank:
             name: TaskRef.make(name, 0, 0, spec.config).config for name, spec in tasks.mix.items()
         }
         self._datasets: dict[tuple[str, tuple, int], ProceduralDataset] = {}
+        # What two nodes must share to score each other's groups alike: mix (datasets and configs),
+        # scorer revision and reasoning-gym version; not seeds, weights or the format bonus.
+        mix = sorted((name, self._configs[name]) for name in self._names)
+        identity = json.dumps([SCORER_REVISION, REASONING_GYM_VERSION, mix], sort_keys=True)
+        self.fingerprint = hashlib.sha256(identity.encode()).hexdigest()[:32]
         for name, spec in tasks.mix.items():
             field = f"tasks.mix.{name}"
             if name not in DATASETS:

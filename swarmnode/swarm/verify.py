@@ -47,6 +47,7 @@ Not thread-safe: call a ``Verifier`` from one thread (the ``PeerBook`` itself ma
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +71,7 @@ from swarmnode.swarm.protocol import (
     BatchAnnouncement,
     ProtocolError,
     RolloutBatch,
+    RosterCard,
     WireGroup,
     WireTask,
     announce_ttl_s,
@@ -111,6 +113,25 @@ SCORE_BUDGET_WALL_S = 6.0  # wall seconds for the same: bounds the round's wait 
 # (honest batches cost milliseconds; a host too busy to give scoring that much CPU is not their fault).
 WALL_OVERRUN_CHARGE_FRACTION = 0.5
 TEXT_BYTES_PER_TOKEN = 16  # a completion of n tokens holds at most n x this many bytes of text here
+
+
+# Roster card field (v1: an optional field, carried like unknown fields) naming the sender's task mix and
+# scorer version (``TaskBank.fingerprint``). A node pulls batches only from peers whose card carries its
+# own: any other peer may score differently (another reasoning-gym, another mix), so its groups would
+# look like bad_task or reward_mismatch and an honest peer would be banned. Skipped peers are not charged.
+TASK_FINGERPRINT_FIELD = "task_fingerprint"
+_FINGERPRINT_RE = re.compile(r"[0-9a-f]{32}")
+
+
+def roster_extra(fingerprint: str) -> dict[str, str]:
+    """The extra fields of this node's roster card."""
+    return {TASK_FINGERPRINT_FIELD: fingerprint}
+
+
+def card_fingerprint(card: RosterCard) -> str | None:
+    """The task fingerprint a roster card advertises, or None (none, or not one)."""
+    value = card.extra.get(TASK_FINGERPRINT_FIELD)
+    return value if isinstance(value, str) and _FINGERPRINT_RE.fullmatch(value) else None
 
 
 @dataclass(frozen=True)
