@@ -14,13 +14,17 @@ Imported only where a DHT starts (``daemon.start_dht``) and inside the DHT proce
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils.timed_storage import get_dht_time
 
 from swarmnode.swarm.dht import check_record
 from swarmnode.swarm.protocol import MAX_SUBKEYS_PER_KEY
@@ -29,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 MAX_STORED_RECORDS = 4096  # (key, subkey) records one DHT storage holds: ~40 MiB at 8 KiB each
 MAX_KEYS_PER_PEER = 8  # keys one subkey (one signer) may hold records under, across swarms
+HEAP_SLACK = 4  # expiration-heap entries per record held before the heap is rebuilt
 
 
 class SignedRecordValidator(RecordValidatorBase):
@@ -50,45 +55,72 @@ class SignedRecordValidator(RecordValidatorBase):
 
 
 class BoundedStorage(DHTLocalStorage):
-    """DHTLocalStorage with a cap on records in all, per key and per signer (see the module doc)."""
+    """DHTLocalStorage with a cap on records in all, per key and per signer (see the module doc).
+
+    The counts are kept beside hivemind's data, so a store costs O(log n) whatever the storage holds:
+    ``_expires`` maps each (key, subkey) held to its expiration, a heap of expirations forgets records as
+    hivemind does (expiration < now); the heap is rebuilt from ``_expires`` when stale entries (records
+    refreshed since) make it more than ``HEAP_SLACK`` times larger, at most once per that many stores.
+    """
 
     def __init__(self) -> None:
         super().__init__(maxsize=MAX_STORED_RECORDS)
         self.refused = 0
-        self._keys_of: dict[Any, set[DHTID]] = {}  # subkey -> keys it may hold a record under
+        self._expires: dict[tuple[DHTID, Any], float] = {}
+        self._heap: list[tuple[float, int, DHTID, Any]] = []
+        self._tie = itertools.count()  # heap entries never compare DHTIDs with subkeys
+        self._per_key: Counter[DHTID] = Counter()
+        self._per_signer: Counter[Any] = Counter()
 
-    def _records(self) -> int:
-        return sum(len(v.value) if isinstance(v.value, DictionaryDHTValue) else 1 for _, v in self.items())
+    @property
+    def records(self) -> int:
+        """(key, subkey) records held now."""
+        self._forget_expired()
+        return len(self._expires)
 
-    def _held(self, key: DHTID, subkey: Any) -> bool:
-        item = self.get(key)
-        return item is not None and isinstance(item.value, DictionaryDHTValue) and subkey in item.value.data
+    def _forget_expired(self) -> None:
+        now = get_dht_time()
+        while self._heap and self._heap[0][0] < now:
+            expiration, _, key, subkey = heapq.heappop(self._heap)
+            if self._expires.get((key, subkey)) == expiration:
+                del self._expires[key, subkey]
+                for counter, name in ((self._per_key, key), (self._per_signer, subkey)):
+                    counter[name] -= 1
+                    if counter[name] <= 0:
+                        del counter[name]
+
+    def _note(self, key: DHTID, subkey: Any, expiration_time: float) -> None:
+        if (key, subkey) not in self._expires:
+            self._per_key[key] += 1
+            self._per_signer[subkey] += 1
+        self._expires[key, subkey] = max(expiration_time, self._expires.get((key, subkey), expiration_time))
+        heapq.heappush(self._heap, (expiration_time, next(self._tie), key, subkey))
+        if len(self._heap) > HEAP_SLACK * max(len(self._expires), MAX_SUBKEYS_PER_KEY):
+            self._heap = [(exp, next(self._tie), k, s) for (k, s), exp in self._expires.items()]
+            heapq.heapify(self._heap)
 
     def store_subkey(self, key: DHTID, subkey: Any, value: bytes, expiration_time: float) -> bool:
-        if not self._held(key, subkey):
-            keys = {k for k in self._keys_of.get(subkey, ()) if self._held(k, subkey)}
-            item = self.get(key)
-            per_key = len(item.value) if item and isinstance(item.value, DictionaryDHTValue) else 0
-            if (
-                len(keys) >= MAX_KEYS_PER_PEER
-                or per_key >= MAX_SUBKEYS_PER_KEY
-                or self._records() >= MAX_STORED_RECORDS
-            ):
-                self.refused += 1
-                self._keys_of[subkey] = keys
-                return False
-            keys.add(key)
-            self._keys_of[subkey] = keys
-            if len(self._keys_of) > 2 * MAX_STORED_RECORDS:  # forget signers that hold nothing any more
-                held = {s: {k for k in ks if self._held(k, s)} for s, ks in self._keys_of.items()}
-                self._keys_of = {s: ks for s, ks in held.items() if ks}
-        return super().store_subkey(key, subkey, value, expiration_time)
+        self._forget_expired()
+        if (key, subkey) not in self._expires and (
+            self._per_signer[subkey] >= MAX_KEYS_PER_PEER
+            or self._per_key[key] >= MAX_SUBKEYS_PER_KEY
+            or len(self._expires) >= MAX_STORED_RECORDS
+        ):
+            self.refused += 1
+            return False
+        stored = super().store_subkey(key, subkey, value, expiration_time)
+        if stored:
+            self._note(key, subkey, expiration_time)
+        return stored
 
     def store(self, key: DHTID, value: Any, expiration_time: float, subkey: Any = None) -> bool:
-        if subkey is None and not isinstance(value, DictionaryDHTValue):
-            self.refused += 1  # plain values: the validator refuses them too
-            return False
-        return super().store(key, value, expiration_time, subkey)
+        if subkey is not None:
+            return self.store_subkey(key, subkey, value, expiration_time)
+        if isinstance(value, DictionaryDHTValue):  # a whole dictionary: each record on its own terms
+            results = [self.store_subkey(key, s, v, e) for s, (v, e) in value.items()]
+            return any(results)
+        self.refused += 1  # plain values: the validator refuses them too
+        return False
 
 
 async def install_bounded_storage(_dht: Any, node: Any) -> None:
