@@ -83,10 +83,12 @@ def test_shared_prompt_gradients_equal_the_plain_ones(family: str, layout: str, 
         assert getattr(stats, field) == pytest.approx(getattr(plain_stats, field), rel=1e-4), field
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize(("family", "attention"), [("llama", "sdpa"), ("qwen2", "sdpa"), ("qwen2", "eager")])
 @torch.no_grad()
-def test_shared_log_probs_equal_the_plain_ones(family: str) -> None:
+def test_shared_log_probs_equal_the_plain_ones(family: str, attention: str) -> None:
+    """sdpa takes the block mask as bool, eager as an additive float mask."""
     sequences, policy = ragged_batch(family)
+    policy.model.set_attn_implementation(attention)
     assert supports_shared_prompt(policy.model)
     plain = pad_batch(sequences, tok_pad(policy), CPU)
     expected = completion_logprobs(policy.model, plain)
