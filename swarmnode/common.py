@@ -54,6 +54,26 @@ class BoundedSet(Generic[K]):
         return iter(self._keys)
 
 
+class WriteFailures:
+    """Writes outside checkpoints that may fail (a full disk, a folder made read-only) without stopping
+    the node: ``guard(path)`` swallows an OSError, counts it and says so once per file name."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._said: set[str] = set()
+
+    @contextlib.contextmanager
+    def guard(self, path: Path) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            self.count += 1
+            if path.name not in self._said:
+                self._said.add(path.name)
+                log(f"cannot write {path} ({exc.strerror or exc}); the node keeps running without it: "
+                    "free some disk space")  # fmt: skip
+
+
 def fsync_dir(directory: Path) -> None:
     """Flush a folder's entries to disk, so a rename into it survives a power cut. Best effort: some
     filesystems refuse to open or sync a folder, and the rename has happened either way."""

@@ -5,12 +5,20 @@ time from the node's latest round record, its swarm status and its checkpoint ti
 collector, so the round loop only hands over what it already computes. Names carry the ``swarmnode_``
 prefix and unit suffixes. The server binds to 127.0.0.1 unless configured otherwise, and the node
 writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``) with its address.
+
+``/health`` answers ``{"status": "ok"}`` (HTTP 200) or ``{"status": "degraded", "reasons": [...]}`` (HTTP
+503) when a check fails: no round for much longer than the last one took, the DHT process gone, no
+successful DHT read or write for ``HEALTH_DHT_STALE_S``, or (swarm nodes) no peer in the roster. The same
+verdict is exported as ``swarmnode_health_ok`` (with ``swarmnode_dht_alive``) for the alert rules. The server
+answers each connection on its own thread (at most ``MAX_CONNECTIONS`` at once) and drops a client that
+sends nothing for ``CONNECTION_TIMEOUT_S``, so an idle or slow client cannot block a scrape.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import socketserver
 import sys
 import threading
 import time
@@ -33,6 +41,11 @@ from swarmnode.common import atomic_write
 from swarmnode.errors import ConfigError
 
 TARGET_FILE = "prometheus_target.json"
+CONNECTION_TIMEOUT_S = 5.0  # a client that sends nothing for this long is dropped
+MAX_CONNECTIONS = 16  # connections served at once; more are closed unanswered
+HEALTH_ROUND_STALL_FACTOR = 5.0  # degraded when no round for this many times the last round's duration
+HEALTH_MIN_ROUND_AGE_S = 300.0  # ... but never sooner than this after the last round
+HEALTH_DHT_STALE_S = 300.0  # degraded when the last successful DHT read (or write) is older than this
 
 # round-record key -> (metric name, help); all gauges of the last completed round
 ROUND_GAUGES = {
@@ -61,22 +74,76 @@ class NodeCollector:
     def __init__(self, info: dict[str, str]):
         self.info = info
         self.rounds = 0
-        self.record: dict | None = None
+        self._record: dict | None = None
         self.swarm: dict | None = None
         self.checkpoint_time: float | None = None
         self.started = time.time()
+        self.round_time: float | None = None  # time.time() when ``record`` was last set
+        self.write_failures = None  # the run log's common.WriteFailures, set by the node
+
+    @property
+    def record(self) -> dict | None:
+        return self._record
+
+    @record.setter
+    def record(self, record: dict | None) -> None:
+        self._record = record
+        if record is not None:
+            self.round_time = time.time()
+
+    def problems(self, now: float) -> list[str]:
+        """Why the node is degraded (empty: healthy). The swarm checks read the status the swarm hands
+        over each round (``records.status``: its ``dht`` section and the roster)."""
+        reasons = []
+        if self.record is not None and self.round_time is not None:
+            age = now - self.round_time
+            expected = self.record.get("seconds_total", 0.0) * HEALTH_ROUND_STALL_FACTOR
+            if age > max(expected, HEALTH_MIN_ROUND_AGE_S):
+                reasons.append(
+                    f"no round for {age:.0f} s (the last took {expected / HEALTH_ROUND_STALL_FACTOR:.0f} s)"
+                )
+        s = self.swarm
+        if s is not None:
+            dht = s.get("dht", {})
+            if not dht.get("alive", True):
+                reasons.append("the DHT process is not running")
+            for what in ("read", "write"):
+                last = dht.get(f"last_{what}_ok")
+                if last is not None and now - (last or self.started) > HEALTH_DHT_STALE_S:
+                    reasons.append(f"no successful DHT {what} for {now - (last or self.started):.0f} s")
+            if not s["peers"]:
+                reasons.append(f"no peer in the roster ({s['connected']} connected)")
+        return reasons
 
     def health(self) -> dict:
         """The ``/health`` answer."""
         round_ = self.record["round"] if self.record else None
         uptime = round(time.time() - self.started, 1)
-        return {"status": "ok", "rounds": self.rounds, "uptime_s": uptime, "round": round_}
+        reasons = self.problems(time.time())
+        status = "degraded" if reasons else "ok"
+        return {
+            "status": status,
+            "reasons": reasons,
+            "rounds": self.rounds,
+            "uptime_s": uptime,
+            "round": round_,
+        }
 
     def collect(self) -> Iterator:
         yield _info("swarmnode_node", "The node: model, sampler backend, version, peer id.", self.info)
         rounds = CounterMetricFamily("swarmnode_rounds", "Rounds completed by this process.")
         rounds.add_metric([], self.rounds)
         yield rounds
+        yield _gauge(
+            "swarmnode_health_ok", "1 when /health says ok, 0 when degraded.", not self.problems(time.time())
+        )
+        swarm_failures = self.swarm.get("disk_write_failures", 0) if self.swarm else 0
+        own_failures = self.write_failures.count if self.write_failures is not None else 0
+        disk = CounterMetricFamily(
+            "swarmnode_disk_write_failures", "Writes outside checkpoints that failed (a full disk): skipped."
+        )
+        disk.add_metric([], own_failures + swarm_failures)
+        yield disk
         if self.checkpoint_time is not None:
             yield _gauge("swarmnode_checkpoint_timestamp_seconds", "When the last checkpoint was written.",
                          self.checkpoint_time)  # fmt: skip
@@ -129,6 +196,7 @@ class NodeCollector:
         arrival.add_metric([], buckets, a["sum"])
         yield arrival
         yield _gauge("swarmnode_peers_known", "Peers in the swarm roster.", len(s["peers"]))
+        yield from dht_families(s.get("dht", {}))
         yield _gauge("swarmnode_peers_connected", "Peers with a libp2p connection.", s["connected"])
         yield _gauge("swarmnode_peers_banned", "Peers banned right now.", sum(p["banned"] for p in peers))
         rollouts = CounterMetricFamily(
@@ -160,6 +228,20 @@ class NodeCollector:
         yield failed
 
 
+def dht_families(dht: dict) -> Iterator:
+    """The DHT liveness metrics of a node or a bootstrap (``Transport.dht_health``)."""
+    if "alive" in dht:
+        yield _gauge("swarmnode_dht_alive", "1 while the DHT process runs.", dht["alive"])
+    for what in ("read", "write"):
+        if dht.get(f"last_{what}_ok"):
+            yield _gauge(f"swarmnode_dht_last_{what}_timestamp_seconds", f"Last successful DHT {what}.",
+                         dht[f"last_{what}_ok"])  # fmt: skip
+    failures = CounterMetricFamily("swarmnode_dht_failures", "DHT calls that failed.", labels=["op"])
+    for op in ("read", "store"):
+        failures.add_metric([op], dht.get(f"{op}_failed", 0))
+    yield failures
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, doc)
     family.add_metric([], float(value))
@@ -173,8 +255,32 @@ def _info(name: str, doc: str, labels: dict[str, str]) -> InfoMetricFamily:
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = CONNECTION_TIMEOUT_S  # socket timeout of each connection: an idle client is dropped
+
     def log_message(self, *args) -> None:  # scrapes every few seconds would flood the node's log
         pass
+
+
+class _ThreadedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once (more are closed unanswered)."""
+
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class MetricsServer:
@@ -189,7 +295,9 @@ class MetricsServer:
         self.registry.register(collector)
         ProcessCollector(registry=self.registry, namespace="swarmnode")  # RSS, CPU, open fds
         try:
-            self._server: WSGIServer = make_server(host, port, self._app, handler_class=_QuietHandler)
+            self._server: WSGIServer = make_server(
+                host, port, self._app, server_class=_ThreadedServer, handler_class=_QuietHandler
+            )
         except OSError as exc:
             what = (
                 "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be opened ({exc.strerror})"
@@ -207,14 +315,18 @@ class MetricsServer:
 
     def _app(self, environ, start_response):
         path = environ.get("PATH_INFO", "/")
+        code = "200 OK"
         if path == "/metrics":
             body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
         elif path == "/health":
-            body, ctype = json.dumps(self.collector.health()).encode(), "application/json"
+            health = self.collector.health()
+            body, ctype = json.dumps(health).encode(), "application/json"
+            if health["status"] != "ok":
+                code = "503 Service Unavailable"
         else:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"see /metrics and /health\n"]
-        start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        start_response(code, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
         return [body]
 
     def write_target(self, run_dir: Path, labels: dict[str, str]) -> Path:

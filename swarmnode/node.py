@@ -99,6 +99,7 @@ class Node:
         save_config(cfg, self.run_dir)
         # First, so that a taken port stops the node before anything slow (the node info comes later)
         self.metrics = NodeCollector({})
+        self.metrics.write_failures = self.runlog.write_failures  # round-log appends a full disk refused
         if cfg.run.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from swarmnode.common import atomic_write
+from swarmnode.common import WriteFailures, atomic_write
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -17,6 +17,7 @@ class RunLog:
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / METRICS_FILE
+        self.write_failures = WriteFailures()  # appends that failed (full disk): skipped, counted
 
     def _text(self) -> str:
         return self.path.read_text() if self.path.exists() else ""
@@ -40,11 +41,13 @@ class RunLog:
         return dropped
 
     def append(self, record: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        """Append one record; on a full disk the record is skipped (said once, counted), never raised."""
+        with self.write_failures.guard(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
 
 
 def _parse(text: str) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from swarmnode.common import BoundedSet, log
+from swarmnode.common import BoundedSet, WriteFailures, log
 from swarmnode.config import NodeConfig
 from swarmnode.errors import TransportError
 from swarmnode.rollouts import RolloutGroup
@@ -87,6 +87,7 @@ class Swarm:
         self._settled: set[str] = set()
         self._last_seq = 0
         self._trace = ShareTrace(run_dir)
+        self.write_failures = WriteFailures()  # status / peer_groups writes that failed (full disk)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -342,7 +343,7 @@ class Swarm:
         self._settled.clear()
         chosen = self.pool.select(self.cfg.swarm.peer_groups_per_round)
         self.counters.groups_trained += len(chosen)
-        records.append_peer_groups(self.run_dir, round_, chosen)
+        records.append_peer_groups(self.run_dir, round_, chosen, self.write_failures)
         self.write_status(round_, policy_version)
         return chosen
 
@@ -358,6 +359,6 @@ class Swarm:
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``records.write_status``), also handed to ``on_status``."""
         status = self.status(round_, policy_version)
-        records.write_status(self.run_dir, status)
+        records.write_status(self.run_dir, status, self.write_failures)
         if self.on_status is not None:
             self.on_status(status)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from swarmnode.common import atomic_write
+from swarmnode.common import WriteFailures, atomic_write
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.pool import texts_digest
 
@@ -85,11 +86,20 @@ class ShareTrace:
             pass
 
 
-def append_peer_groups(run_dir: Path, round_: int, groups: list[RolloutGroup]) -> None:
-    """Append one line per peer group chosen for training to ``<run_dir>/peer_groups.jsonl`` (audit)."""
+def append_peer_groups(
+    run_dir: Path, round_: int, groups: list[RolloutGroup], failures: WriteFailures | None = None
+) -> None:
+    """Append one line per peer group chosen for training to ``<run_dir>/peer_groups.jsonl`` (audit).
+    With ``failures``, an OSError (a full disk) is counted there and said once instead of raised."""
     if not groups:
         return
-    with (run_dir / PEER_GROUPS_FILE).open("a") as f:
+    path = run_dir / PEER_GROUPS_FILE
+    with failures.guard(path) if failures is not None else contextlib.nullcontext():
+        _append_peer_groups(path, round_, groups)
+
+
+def _append_peer_groups(path: Path, round_: int, groups: list[RolloutGroup]) -> None:
+    with path.open("a") as f:
         for group in groups:
             p = group.provenance
             line = {
@@ -143,6 +153,8 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
         "model": swarm.policy.name,
         "tokenizer": swarm.policy.tokenizer_fingerprint,
         "connected": swarm.transport.connected_peer_count(),
+        "dht": swarm.transport.dht_health(),
+        "disk_write_failures": swarm.write_failures.count,
         "updated": now,
         "peers": {
             peer: {
@@ -179,6 +191,9 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
     }
 
 
-def write_status(run_dir: Path, status: dict) -> None:
-    """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``."""
-    atomic_write(run_dir / STATUS_FILE, json.dumps(status, indent=1))
+def write_status(run_dir: Path, status: dict, failures: WriteFailures | None = None) -> None:
+    """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``. With ``failures``, an
+    OSError (a full disk) is counted there and said once instead of raised."""
+    path = run_dir / STATUS_FILE
+    with failures.guard(path) if failures is not None else contextlib.nullcontext():
+        atomic_write(path, json.dumps(status, indent=1))
