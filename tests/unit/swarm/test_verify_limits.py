@@ -5,6 +5,7 @@ datasets in a swarm node's mix."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
@@ -181,3 +182,12 @@ def test_limits_follow_the_receivers_own_config() -> None:
     assert limits.completions_per_group == 6 and limits.text_bytes == 32 * TEXT_BYTES_PER_TOKEN
     big = ReceiveLimits.for_node(SamplingConfig(max_new_tokens=4096), tokenizer_fingerprint="", vocab_size=9)
     assert big.text_bytes == protocol.MAX_COMPLETION_TEXT_BYTES
+
+
+def test_attacker_chosen_subkeys_are_logged_escaped(bank: TaskBank, caplog: pytest.LogCaptureFixture) -> None:
+    """A DHT subkey is any string anyone wrote: printed raw, it could forge log lines or drive a terminal."""
+    node = receiver(bank)
+    evil = "12D3KooW\x1b[2J\nINFO banned peer 12D3KooWhonest"
+    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.verify"):
+        assert node.verifier.check_announcement(b"\xc1", evil) is None
+    assert caplog.records and "\x1b" not in caplog.text and "\nINFO banned" not in caplog.text
