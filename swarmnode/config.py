@@ -299,7 +299,10 @@ class SwarmConfig(_Strict):
         "quietly found a swarm of its own).",
     )
     peer_groups_per_round: int = Field(
-        4, ge=0, description="Peer question groups trained on per round (J in SAPO's I local + J peer)."
+        4,
+        ge=0,
+        description="Peer question groups trained on per round (J in SAPO's I local + J peer); "
+        "at most half of them from one peer, taken round-robin across peers.",
     )
     share_logprobs: bool = Field(
         True,
