@@ -21,9 +21,10 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swarmnode.identity import Identity, peer_id_from_public_key  # noqa: E402
-from swarmnode.swarm import (
+from swarmnode.swarm import (  # noqa: E402
     codec,
-    protocol,  # noqa: E402
+    dht,
+    protocol,
 )
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
@@ -190,7 +191,68 @@ def body_json(value: Any) -> Any:
     return value
 
 
+def dht_record(
+    name: str, description: str, key: str, subkey: str | None, value: bytes, expiration: float, now: float
+) -> dict[str, Any]:
+    """A DHT record as a storing node sees it (PROTOCOL.md section 8): its verdict is swarm.dht.check_record's
+    on hivemind's encoding (key id = sha1 of the msgpack-encoded key, subkey and value msgpack-encoded)."""
+    verdict = dht.check_record(
+        dht.key_id(key), msgpack.packb(subkey), msgpack.packb(value, use_bin_type=True), expiration, now
+    )
+    return {
+        "name": name,
+        "description": description,
+        "kind": "dht_record",
+        "key": key,
+        "subkey": subkey,
+        "hex": value.hex(),
+        "expiration": expiration,
+        "now": now,
+        "verdict": verdict or "accept",
+    }
+
+
+def record_vectors() -> list[dict[str, Any]]:
+    card_bytes = codec.encode_message(A, SWARM, roster_card())
+    batch = rollout_batch(logprobs=False, n_groups=1)
+    batch_bytes = codec.encode_message(A, SWARM, batch)
+    ann_bytes = codec.encode_message(A, SWARM, announcement(batch_bytes, batch))
+    roster, announce = protocol.roster_key(SWARM, A.peer_id), protocol.announce_key(SWARM, A.peer_id)
+    ttl = protocol.MAX_RECORD_TTL_S + protocol.RECORD_CLOCK_TOLERANCE_S
+    now, exp = TIMESTAMP + 1.0, TIMESTAMP + 60.0
+    return [
+        dht_record("record_roster_card", "A's card in its roster shard, under its own subkey.",
+                   roster, A.peer_id, card_bytes, exp, now),
+        dht_record("record_announcement", "A's announcement under its own announcement key.",
+                   announce, A.peer_id, ann_bytes, exp, now),
+        dht_record("record_latest_expiration", "Expiring at timestamp + MAX_RECORD_TTL_S + tolerance.",
+                   roster, A.peer_id, card_bytes, TIMESTAMP + ttl, now),
+        dht_record("record_far_expiration", "Expiring 1 s past timestamp + MAX_RECORD_TTL_S + tolerance: "
+                   "a pin.", roster, A.peer_id, card_bytes, TIMESTAMP + ttl + 1.0, now),
+        dht_record("record_from_the_future", "Signed more than MAX_CLOCK_SKEW_S ahead of the storing node.",
+                   roster, A.peer_id, card_bytes, exp, TIMESTAMP - protocol.MAX_CLOCK_SKEW_S - 1.0),
+        dht_record("record_no_subkey", "A plain value at the key: it would replace the whole dictionary.",
+                   roster, None, card_bytes, exp, now),
+        dht_record("record_subkey_not_the_signer", "A's card under B's subkey (pinning B's place).",
+                   protocol.roster_key(SWARM, B.peer_id), B.peer_id, card_bytes, exp, now),
+        dht_record("record_card_under_the_announce_key", "A's card under A's announcement key.",
+                   announce, A.peer_id, card_bytes, exp, now),
+        dht_record("record_card_of_another_swarm", "A's card under A's roster shard of another swarm.",
+                   protocol.roster_key("another-swarm", A.peer_id), A.peer_id, card_bytes, exp, now),
+        dht_record("record_rollout_batch", "A rollout batch never belongs in the DHT.",
+                   announce, A.peer_id, batch_bytes, exp, now),
+        dht_record("record_not_a_message", "Bytes that are not a signed message.",
+                   announce, A.peer_id, b"plain value", exp, now),
+        dht_record("record_oversize", "MAX_RECORD_BYTES + 1 bytes: refused before decoding.",
+                   announce, A.peer_id, bytes(protocol.MAX_RECORD_BYTES + 1), exp, now),
+    ]  # fmt: skip
+
+
 def build_vectors() -> list[dict[str, Any]]:
+    return message_vectors() + record_vectors()
+
+
+def message_vectors() -> list[dict[str, Any]]:
     card = roster_card()
     card_bytes = codec.encode_message(A, SWARM, card)
     batch = rollout_batch(logprobs=True)

@@ -8,7 +8,9 @@ to client-mode nodes. Every node also answers the dial-back check (reachability.
 it too.
 
 Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
-it stores for the DHT, libp2p connections, and the process collector. SIGINT and SIGTERM stop it cleanly:
+it stores for the DHT, libp2p connections, the process collector, and ``swarmnode_dht_alive`` /
+``swarmnode_health_ok``; ``/health`` is ``degraded`` (HTTP 503) when the DHT process is gone or does not
+answer. SIGINT and SIGTERM stop it cleanly:
 the DHT process and p2pd are shut down before it exits, with status 130 after Ctrl-C (a shell's convention)
 and 0 after SIGTERM (what systemd and ``docker stop`` count as a clean stop; exit 143 would mark the unit
 failed). The DHT process runs in its own process group, so a terminal's Ctrl-C, which signals the whole
@@ -31,7 +33,7 @@ from swarmnode import __version__
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.identity import load_or_create
-from swarmnode.metrics import MetricsServer
+from swarmnode.metrics import MetricsServer, dht_families
 from swarmnode.swarm.transport import Transport
 
 
@@ -65,14 +67,28 @@ class BootstrapCollector:
                 dht.get("stored_records"),
             ),
         }
+        gauges["swarmnode_health_ok"] = ("1 when /health says ok, 0 when degraded.", not self._problems(dht))
         for name, (doc, value) in gauges.items():
             if value is not None:
                 family = GaugeMetricFamily(name, doc)
                 family.add_metric([], float(value))
                 yield family
+        yield from dht_families({"alive": self.transport.dht_alive()})
+
+    def _problems(self, dht: dict) -> list[str]:
+        """Why the bootstrap is degraded: its DHT process is gone, or does not answer."""
+        if not self.transport.dht_alive():
+            return ["the DHT process is not running"]
+        return [] if dht else ["the DHT process does not answer"]
 
     def health(self) -> dict:
-        return {"status": "ok", "role": "bootstrap", "uptime_s": round(time.time() - self.started, 1)}
+        reasons = self._problems(self.state()[1])
+        return {
+            "status": "degraded" if reasons else "ok",
+            "reasons": reasons,
+            "role": "bootstrap",
+            "uptime_s": round(time.time() - self.started, 1),
+        }
 
 
 _detach_forks = False  # True while run_bootstrap starts the DHT process (see _forks_in_own_group)

@@ -61,11 +61,13 @@ def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now
         return "oversize"
     try:
         peer = msgpack.unpackb(subkey, raw=False, max_str_len=MAX_PEER_ID_BYTES, max_bin_len=0)
-        data = msgpack.unpackb(value, raw=False, max_bin_len=MAX_RECORD_BYTES, max_str_len=0)
+        data = msgpack.unpackb(value, raw=False, max_bin_len=len(value), max_str_len=0)
     except Exception:  # noqa: BLE001 - any msgpack failure is a malformed record
         return "malformed"
     if type(peer) is not str or type(data) is not bytes:
         return "malformed"
+    if len(data) > MAX_RECORD_BYTES:
+        return "oversize"
     try:
         msg, _ = decode_message(data, swarm_id=None, expected_peer_id=peer)
     except ProtocolError as exc:

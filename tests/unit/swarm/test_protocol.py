@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm import codec, convert, protocol
+from swarmnode.swarm import codec, convert, dht, protocol
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -88,6 +88,11 @@ def reject_reason(data: bytes, **kwargs) -> str:
 # --- test vectors --------------------------------------------------------------------------------
 
 
+def test_record_vectors_cover_every_storage_rule():
+    verdicts = {json.loads(p.read_text())["verdict"] for p in VECTOR_FILES if p.stem.startswith("record_")}
+    assert set(dht.RECORD_REJECT_REASONS) | {"stale", "wrong_sender", "accept"} <= verdicts
+
+
 def test_vectors_exist_and_cover_every_decoder_reason():
     assert len(VECTOR_FILES) >= 30
     verdicts = {json.loads(p.read_text())["verdict"] for p in VECTOR_FILES}
@@ -109,6 +114,11 @@ def test_vector(path):
             with pytest.raises(protocol.ProtocolError) as info:
                 protocol.parse_frame_header(data)
             assert info.value.reason == v["verdict"]
+        return
+    if v["kind"] == "dht_record":  # PROTOCOL.md section 8: what a storing node keeps
+        subkey, value = msgpack.packb(v["subkey"]), msgpack.packb(data, use_bin_type=True)
+        verdict = dht.check_record(dht.key_id(v["key"]), subkey, value, v["expiration"], v["now"])
+        assert (verdict or "accept") == v["verdict"]
         return
     kwargs = dict(swarm_id=v["swarm_id"], expected_type=v["type"], expected_peer_id=v["expected_peer_id"])
     if v["verdict"] != "accept":
