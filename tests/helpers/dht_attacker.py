@@ -7,7 +7,10 @@ Attacks (each aims at both key layouts, the single v1 keys and the per-peer / sh
 - ``pin``: garbage under the victim's roster and announcement subkeys, expiring in 10^7 s, and a plain
   value (no subkey) at the victim's announcement keys;
 - ``spam``: 60 subkeys of 100 KB under the announcement and roster keys (past the 4 MiB answer cap);
-- ``sybil``: 1000 validly signed roster cards of fresh identities, dated 2100.
+- ``sybil``: 1000 validly signed roster cards of fresh identities, dated 2100;
+- ``flood``: a store flood for a storing node's memory: FLOOD_SIGNERS fresh identities each sign a roster
+  card padded to ~8 KiB (the record limit) for FLOOD_KEYS_PER_SIGNER of FLOOD_SWARMS swarms, all valid
+  and fresh: ~12,000 records, ~94 MiB, three times what BoundedStorage keeps.
 
 Prints ``STORED {"attack": n accepted, ...}`` once done (how many stores some node accepted), then
 sleeps; the test kills it by PID.
@@ -32,6 +35,11 @@ SPAM_SUBKEYS = 60
 SPAM_BYTES = 100_000
 FAR_FUTURE_S = 1e7
 YEAR_2100 = 4_102_444_800.0
+FLOOD_SIGNERS = 1500
+FLOOD_SWARMS = 16
+FLOOD_KEYS_PER_SIGNER = 8
+FLOOD_PAD_CHARS = 7700  # a card of ~8,000 bytes: just under MAX_RECORD_BYTES
+FLOOD_BATCH_SIGNERS = 16  # signers per store_many (x FLOOD_KEYS_PER_SIGNER records)
 
 
 def keys(swarm: str, peer: str, kind: str) -> list[str]:
@@ -51,6 +59,40 @@ async def _spam(_dht, node, *, keys: list[str]) -> int:
             ok = await node.store(key, bytes([i]) * SPAM_BYTES, expiration, subkey=f"junk-{i}")
             stored += bool(ok)
     return stored
+
+
+async def _flood_batch(_dht, node, *, first: int, count: int) -> int:
+    """Runs inside the attacker's DHT process: sign ``count`` signers' padded cards and store them in one
+    ``store_many`` (one request per storing node: far faster than a store call per record)."""
+    record_keys, values, subkeys = [], [], []
+    now = get_dht_time()
+    for i in range(first, first + count):
+        signer = Identity.from_seed(hashlib.sha256(b"flood%d" % i).digest())
+        for j in range(FLOOD_KEYS_PER_SIGNER):
+            swarm = f"flood-{(i + j) % FLOOD_SWARMS}"
+            card = protocol.RosterCard(
+                peer_id=signer.peer_id, swarm_id=swarm, model_name="flood", tokenizer_fingerprint="",
+                policy_version=0, round=0, addrs=(), timestamp=now, seq=1,
+                extra={"pad": "x" * FLOOD_PAD_CHARS},
+            )  # fmt: skip
+            record_keys.append(keys(swarm, signer.peer_id, "roster")[1])  # = protocol.roster_key
+            values.append(codec.encode_message(signer, swarm, card))
+            subkeys.append(signer.peer_id)
+    stored = await node.store_many(record_keys, values, now + 600, subkeys=subkeys)
+    return sum(bool(ok) for ok in stored.values())
+
+
+def _flood(dht: hivemind.DHT, stored: dict[str, int]) -> None:
+    for first in range(0, FLOOD_SIGNERS, FLOOD_BATCH_SIGNERS):
+        batch = functools.partial(
+            _flood_batch, first=first, count=min(FLOOD_BATCH_SIGNERS, FLOOD_SIGNERS - first)
+        )
+        try:
+            stored["flood"] = stored.get("flood", 0) + dht.run_coroutine(batch, return_future=True).result(
+                300
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed batch counts as not stored
+            print(f"flood batch at {first} failed: {exc!r}", flush=True)
 
 
 def main() -> None:
@@ -84,6 +126,8 @@ def main() -> None:
             record = codec.encode_message(sybil, swarm, card)
             for key in keys(swarm, sybil.peer_id, "roster"):
                 store("sybil", key, record, YEAR_2100 + 60, subkey=sybil.peer_id)
+    if "flood" in attacks:
+        _flood(dht, stored)
     for attack, future in futures:
         try:
             stored[attack] = stored.get(attack, 0) + int(future.result(timeout=120))

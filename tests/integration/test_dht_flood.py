@@ -1,0 +1,80 @@
+"""A bootstrap node under a store flood keeps its memory under a stated bound.
+
+A hostile DHT peer in its own process (tests/helpers/dht_attacker.py ``flood``) stores ~12,000 validly
+signed, fresh roster cards of ~8 KiB each (~94 MiB) at a real ``swarmnode bootstrap``. BoundedStorage keeps
+at most MAX_STORED_RECORDS (4096) records, ~32 MiB of values: the resident memory of the bootstrap's DHT
+process may grow by at most FLOOD_RSS_BOUND_MIB, and the bootstrap still answers /health.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+
+from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, start_bootstrap
+
+MIB = 1024 * 1024
+MAX_STORED_RECORDS = 4096  # swarm.dht_guard's bound (not imported: the test also runs on older code)
+FLOOD_RSS_BOUND_MIB = 64  # 4096 x 8 KiB of values, twice over for hivemind's bookkeeping
+FLOOD_TIMEOUT_S = 400.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dht_process(pid: int) -> psutil.Process:
+    """The bootstrap's DHT process: its python child (p2pd is that child's child)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = [p for p in psutil.Process(pid).children() if "python" in p.name().lower()]
+        if kids:
+            return kids[0]
+        time.sleep(0.5)
+    raise AssertionError("the bootstrap has no DHT process")
+
+
+def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path):
+    port = _free_port()
+    boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
+    attacker = None
+    try:
+        address = boot.wait_for_line(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 90).split("--peers ", 1)[1].strip()
+        metrics_url = boot.wait_for_line("metrics at ", 10).split("metrics at ", 1)[1].split()[0]
+        dht = _dht_process(boot.proc.pid)
+        time.sleep(2.0)
+        before = dht.memory_info().rss
+        cmd = [sys.executable, str(HELPERS / "dht_attacker.py"), address, "flood-0", "nobody", "flood"]
+        attacker = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        out = LineReader(attacker.stdout)
+        line = out.wait_for_line(
+            lambda s: s.startswith("STORED "), FLOOD_TIMEOUT_S, lambda: "\n".join(out.lines)
+        )
+        stored = json.loads(line.removeprefix("STORED "))["flood"]
+        after = dht.memory_info().rss
+        grown = (after - before) / MIB
+        print(
+            f"flood: {stored} records accepted; DHT process RSS {before / MIB:.0f} -> {after / MIB:.0f} MiB"
+        )
+        assert stored <= MAX_STORED_RECORDS, stored
+        assert grown < FLOOD_RSS_BOUND_MIB, f"the DHT process grew by {grown:.0f} MiB"
+        with urllib.request.urlopen(metrics_url.removesuffix("/metrics") + "/health", timeout=30) as reply:
+            assert json.loads(reply.read())["status"] == "ok"
+    finally:
+        if attacker is not None:
+            attacker.send_signal(signal.SIGKILL)  # the process this test started, by PID
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                attacker.wait(timeout=10)
+        boot.stop()
