@@ -13,12 +13,13 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from swarmnode import checkpoint
+from swarmnode import checkpoint, memory
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.errors import ConfigError
@@ -133,6 +134,8 @@ class Node:
             ref_model=ref_model,
         )
         self._report_checkpoint_disk()
+        log(memory.describe(memory.estimate(self.policy.model, cfg.model, cfg.train), cfg.model, cfg.train,
+                            memory.available_bytes()))  # fmt: skip
         self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed)
         self.replay = None
         if cfg.replay.groups_per_round > 0:
@@ -236,9 +239,10 @@ class Node:
         self.metrics.checkpoint_time = time.time()
         log(f"checkpoint {path}")
 
-    def run(self, exchange: Exchange | None = None) -> None:
-        """Run until ``run.rounds`` rounds are complete (forever if None). On Ctrl-C or SIGTERM, stop at
-        the next safe point, checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
+    def run(self, exchange: Exchange | None = None, peer_counts: Callable[[], dict] | None = None) -> None:
+        """Run until ``run.rounds`` rounds are complete (forever if None); ``peer_counts`` adds what the
+        round's exchange received to its record. On Ctrl-C or SIGTERM, stop at the next safe point,
+        checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
         stop = StopSignals()
         ctx = RoundContext(
             cfg=self.cfg,
@@ -272,6 +276,8 @@ class Node:
                     except Stopped:
                         checkpoint.set_rng_state(rng_at_start)  # the abandoned round drew nothing
                         raise
+                    if peer_counts is not None:
+                        record.update(peer_counts())
                     self.completed_rounds = round_
                     self.runlog.append(record)
                     if self.tensorboard is not None:
@@ -335,7 +341,10 @@ def run_join(cfg: NodeConfig) -> None:
         for addr in addrs:
             log(f"  swarmnode join --peers {addr}")
         swarm.wait_for_peers()
-        node.run(exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local))
+        node.run(
+            exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local),
+            peer_counts=swarm.round_counts,
+        )
     finally:
         swarm.shutdown()
         node.close()

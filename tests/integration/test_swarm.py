@@ -48,12 +48,15 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
         assert [r["round"] for r in records] == [1, 2, 3], node.output()
         # every node trained on at least one peer group
         assert sum(r["groups_peer"] for r in records) >= 1, node.output()
+        # each round's record counts its peer traffic, and the counts add up to the node's totals
+        assert all(r["peer_groups_trained"] == r["groups_peer"] and r["peer_rejected"] == {} for r in records)
         # no round waited for peers past its deadline
         assert max(r["seconds_share"] for r in records) <= DEADLINE_S + SLACK_S
         status = node.status()
         # every peer batch that arrived passed verification; nothing was rejected among honest nodes
         assert status["rejected"] == {}, status
         assert status["rollouts"]["groups_accepted"] >= status["rollouts"]["groups_trained"] >= 1
+        assert sum(r["peer_groups_accepted"] for r in records) == status["rollouts"]["groups_accepted"]
         assert len(status["peers"]) == 2
         peer_ids.add(status["peer_id"])
     assert len(peer_ids) == 3
