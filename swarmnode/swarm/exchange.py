@@ -95,6 +95,8 @@ class Swarm:
         """Start the transport and put this node's roster card in the DHT."""
         self.addrs = self.transport.start()
         self.transport.set_peer_filter(lambda peer: not self.book.is_banned(peer))
+        # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
+        self.transport.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
         self.publish_roster(round_, policy_version)
         return self.addrs
 

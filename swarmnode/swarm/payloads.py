@@ -7,9 +7,15 @@ The daemon's own length prefixes have no upper bound, so both sides use that hea
 deadlines.
 
 Serving is bounded so that no peer can exhaust the node: at most ``max_streams_per_peer`` concurrent
-pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), a request must
-arrive within ``request_timeout_s`` and the answer must be taken within ``serve_timeout_s``. The handler
-runs on the transport's event loop and never blocks it; every failure is counted, none escapes.
+pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), the 32-byte
+request must arrive within ``request_timeout_s`` (``PULL_REQUEST_TIMEOUT_S``, sub-second: a puller writes
+it as soon as the stream opens) and the answer must be taken within ``serve_timeout_s``. Slots are kept
+for peers in good standing (``set_peer_standing``: the swarm says which, peers whose groups it accepted
+and that are not struck): peers not in good standing share at most ``max_streams`` x (1 -
+``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known peer. A stream that
+finds its slots full evicts the oldest stream of that share still waiting for its request (``evicted``):
+an idle stream costs its holder the slot, not the next honest puller. The handler runs on the
+transport's event loop and never blocks it; every failure is counted, none escapes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from swarmnode.errors import TransportError
@@ -34,7 +41,22 @@ from swarmnode.swarm.protocol import (
 logger = logging.getLogger(__name__)
 
 WRITE_CHUNK_BYTES = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
-SERVING_COUNTERS = ("served", "served_bytes", "not_found", "refused", "bad_request", "aborted", "errors")
+PULL_REQUEST_TIMEOUT_S = 0.75  # the 32-byte request must arrive this soon after the stream opens
+RESERVED_SLOT_SHARE = 0.5  # share of max_streams only peers in good standing may use
+SERVING_COUNTERS = (
+    "served", "served_bytes", "not_found", "refused", "evicted", "bad_request", "aborted", "errors",
+)  # fmt: skip
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One stream being served: who holds it, from which share, whether its request is still awaited."""
+
+    peer: str
+    good: bool
+    writer: asyncio.StreamWriter
+    idle: bool = True
+    released: bool = False
 
 
 class PayloadServer:
@@ -42,6 +64,7 @@ class PayloadServer:
 
     ``stats`` counters (shared with the transport's own): served / served_bytes (payloads sent),
     not_found (asked for a digest we do not hold), refused (stream closed unanswered: filter or caps),
+    evicted (an idle stream closed to make room for a new one),
     bad_request (no or short request in time), aborted (the puller left or was too slow), errors
     (anything else in the handler).
     """
@@ -67,8 +90,13 @@ class PayloadServer:
         self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
         self._payloads_lock = threading.Lock()
         self._allow: Callable[[str], bool] = lambda _peer: True
-        self._active: dict[str, int] = {}  # remote peer id -> payload streams being served (loop thread only)
+        self._good: Callable[[str], bool] = lambda _peer: False
+        self.open_slots = max_streams - int(max_streams * RESERVED_SLOT_SHARE)  # for any peer
+        # loop thread only: peer id -> streams served; streams by share; idle streams, oldest first
+        self._active: dict[str, int] = {}
         self._active_total = 0
+        self._active_open = 0  # streams of peers not in good standing
+        self._idle: OrderedDict[_Slot, None] = OrderedDict()
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
@@ -94,6 +122,53 @@ class PayloadServer:
         """``allow(peer_id)`` is asked for every incoming stream and before every fetch (ban lists)."""
         self._allow = allow
 
+    def set_peer_standing(self, good: Callable[[str], bool]) -> None:
+        """``good(peer_id)``: may the peer use the reserved slots (RESERVED_SLOT_SHARE)? Default: nobody."""
+        self._good = good
+
+    def _in_good_standing(self, peer_id: str) -> bool:
+        try:
+            return bool(self._good(peer_id))
+        except Exception:
+            logger.exception("peer standing raised for %s; treating it as unknown", peer_id)
+            return False
+
+    def _take_slot(self, peer: str, writer: asyncio.StreamWriter) -> _Slot | None:
+        """A slot for a new stream of ``peer``, evicting the oldest idle stream of its share if need be;
+        None if there is none (the stream is refused)."""
+        if self._active.get(peer, 0) >= self.max_streams_per_peer:
+            return None
+        good = self._in_good_standing(peer)
+        full_total = self._active_total >= self.max_streams
+        if good and full_total or not good and (full_total or self._active_open >= self.open_slots):
+            # the oldest idle stream this one competes with: any for a good peer, an open-share one otherwise
+            victim = next((s for s in self._idle if good or not s.good), None)
+            if victim is None or (not good and victim.good):
+                return None
+            self._release(victim)
+            self._count("evicted")
+            with contextlib.suppress(Exception):
+                victim.writer.close()
+        slot = _Slot(peer, good, writer)
+        self._active[peer] = self._active.get(peer, 0) + 1
+        self._active_total += 1
+        self._active_open += not good
+        self._idle[slot] = None
+        return slot
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.released:
+            return
+        slot.released = True
+        self._idle.pop(slot, None)
+        self._active_total -= 1
+        self._active_open -= not slot.good
+        left = self._active.get(slot.peer, 1) - 1
+        if left > 0:
+            self._active[slot.peer] = left
+        else:
+            self._active.pop(slot.peer, None)
+
     def _allowed(self, peer_id: str) -> bool:
         try:
             return bool(self._allow(peer_id))
@@ -115,29 +190,29 @@ class PayloadServer:
     ) -> None:
         """One pull: read a 32-byte digest, answer with a frame. Every failure is counted, none escapes."""
         peer = "?"
-        counted = False
+        slot = None
         try:
             peer = info.peer_id.to_base58()
-            if (
-                self._active_total >= self.max_streams
-                or self._active.get(peer, 0) >= self.max_streams_per_peer
-            ):
-                self._count("refused")
-                return
             if not self._allowed(peer):
                 self._count("refused")
                 return
-            self._active[peer] = self._active.get(peer, 0) + 1
-            self._active_total += 1
-            counted = True
+            slot = self._take_slot(peer, writer)
+            if slot is None:
+                self._count("refused")
+                return
             try:
                 request = await asyncio.wait_for(
                     reader.readexactly(PULL_REQUEST_BYTES), self.request_timeout_s
                 )
                 digest = parse_pull_request(request)
             except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
-                self._count("bad_request")
+                if not slot.released:  # an evicted stream was counted as such
+                    self._count("bad_request")
                 return
+            if slot.released:  # evicted while its request arrived
+                return
+            self._idle.pop(slot, None)
+            slot.idle = False
             try:
                 await asyncio.wait_for(self._send_payload(writer, digest), self.serve_timeout_s)
             except (TimeoutError, ConnectionError):  # too slow a reader, or it hung up
@@ -148,13 +223,8 @@ class PayloadServer:
             self._count("errors")
             logger.debug("payload stream from %s failed: %r", peer, exc)
         finally:
-            if counted:
-                self._active_total -= 1
-                left = self._active.get(peer, 1) - 1
-                if left > 0:
-                    self._active[peer] = left
-                else:
-                    self._active.pop(peer, None)
+            if slot is not None:
+                self._release(slot)
             with contextlib.suppress(Exception):
                 writer.close()
 

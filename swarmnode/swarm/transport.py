@@ -47,7 +47,7 @@ from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import public_key_from_peer_id
 from swarmnode.swarm import daemon, reachability
-from swarmnode.swarm.payloads import PayloadServer
+from swarmnode.swarm.payloads import PULL_REQUEST_TIMEOUT_S, PayloadServer
 from swarmnode.swarm.protocol import (
     FRAME_HEADER_BYTES,
     MAX_FRAME_BYTES,
@@ -102,7 +102,7 @@ class Transport(PayloadServer):
         stream_name: str = PAYLOAD_STREAM,
         max_streams_per_peer: int = 4,
         max_streams: int = 64,
-        request_timeout_s: float = 5.0,
+        request_timeout_s: float = PULL_REQUEST_TIMEOUT_S,
         serve_timeout_s: float = 30.0,
         start_timeout_s: float = 30.0,
         record_timeout_s: float = 10.0,

@@ -3,18 +3,26 @@
 It pins the victim's subkeys with far-future garbage, stores a plain value over its announcement key,
 spams 100 KB subkeys past hivemind's 4 MiB answer cap, and floods the roster with 1000 signed Sybil cards
 dated 2100 (tests/helpers/dht_attacker.py). The honest nodes must keep exchanging: the reader sees the
-victim, only the victim, and pulls its batch.
+victim, only the victim, and pulls its batch. The default suite runs the pinning alone (seconds); the
+full set, ~3 min on a loaded machine, is marked slow.
+
+A digest squatter (tests/helpers/squatter.py, its own process) re-announces the victim's payload digest
+under its own key and answers "not found": the reader still pulls the victim's batch and charges the
+squatter half a strike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from swarmnode.config import NodeConfig
 from swarmnode.identity import Identity
@@ -44,7 +52,16 @@ def _node(tmp_path, name: str, initial_peers: list[str]) -> Swarm:
     return Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
 
 
+def test_pinning_leaves_the_honest_exchange_intact(tmp_path):
+    _attacked_exchange(tmp_path, ["pin"])
+
+
+@pytest.mark.slow
 def test_pinning_spam_and_a_sybil_flood_leave_the_honest_exchange_intact(tmp_path):
+    _attacked_exchange(tmp_path, ["pin", "spam", "sybil"])
+
+
+def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
     nodes: list[Swarm] = []
     attacker = None
     try:
@@ -57,11 +74,12 @@ def test_pinning_spam_and_a_sybil_flood_leave_the_honest_exchange_intact(tmp_pat
 
         cmd = [sys.executable, str(HELPERS / "dht_attacker.py"), address, SWARM, victim.identity.peer_id]
         attacker = subprocess.Popen(
-            [*cmd, "pin", "spam", "sybil"],
+            [*cmd, *attacks],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group: it, its bare DHT process and p2pd
         )
         out = LineReader(attacker.stdout)
         line = out.wait_for_line(
@@ -82,8 +100,63 @@ def test_pinning_spam_and_a_sybil_flood_leave_the_honest_exchange_intact(tmp_pat
         assert stored.get("pin", 0) == 0 and stored.get("sybil", 0) == 0, stored  # no honest node took them
     finally:
         if attacker is not None:
-            attacker.send_signal(signal.SIGKILL)  # the process this test started, by PID
+            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
+                os.killpg(attacker.pid, signal.SIGKILL)  # (a bare hivemind DHT outlives its parent)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 attacker.wait(timeout=10)
+        for node in reversed(nodes):
+            node.shutdown()
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp_path):
+    nodes: list[Swarm] = []
+    squatter = None
+    try:
+        reader = _node(tmp_path, "reader", [])
+        nodes.append(reader)
+        address = reader.start()[0]
+        victim = _node(tmp_path, "victim", [address])
+        nodes.append(victim)
+        cmd = [sys.executable, str(HELPERS / "squatter.py"), address, SWARM, victim.identity.peer_id,
+               str(tmp_path / "squatter")]  # fmt: skip
+        squatter = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        out = LineReader(squatter.stdout)
+        describe = lambda: "\n".join(out.lines)  # noqa: E731
+        sybil = json.loads(
+            out.wait_for_line(lambda s: s.startswith("READY "), ATTACK_TIMEOUT_S, describe)[6:]
+        )
+        sybil = sybil["peer_id"]
+        # the squatter enters the reader's roster first, so its announcement is pulled first: the order in
+        # which keying pulled payloads by digest alone hid the victim's batch for good
+        _wait(lambda: sybil in reader._live_peers(), 60, "the squatter never reached the roster")
+        victim.start()
+        _wait(
+            lambda: victim.identity.peer_id in reader._live_peers(), 60, "the victim never reached the roster"
+        )
+        assert list(reader.roster) == [sybil, victim.identity.peer_id]
+
+        groups = Peer(victim.identity, victim.verifier.bank).groups(2)
+        victim.publish(1, 0, groups)
+        out.wait_for_line(lambda s: s.startswith("SQUATTED "), ATTACK_TIMEOUT_S, describe)
+        reader.poll(1, time.monotonic() + 10.0)
+
+        assert reader.counters.groups_accepted == len(groups), reader.status(1, 0)
+        assert reader.counters.fetch_failures["not_found"] == 1, reader.status(1, 0)
+        assert reader.book.reputation(sybil) < 0  # charged: half a strike (NOT_FOUND_STRIKE_WEIGHT)
+    finally:
+        if squatter is not None:
+            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
+                os.killpg(squatter.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                squatter.wait(timeout=10)
         for node in reversed(nodes):
             node.shutdown()

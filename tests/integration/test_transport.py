@@ -30,6 +30,7 @@ import pytest
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
+from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
 from swarmnode.swarm.transport import Transport
 from tests.helpers.swarm_procs import HELPERS
@@ -166,14 +167,25 @@ def test_malformed_initial_peer_is_an_actionable_error(tmp_path):
 # ----------------------------------------------------------------------------------------------
 
 
+def _card(identity: Identity, pad: int = 0) -> tuple[str, bytes]:
+    """A signed roster card of ``identity`` and the key it belongs under: the only kind of record (with
+    announcements) that storing nodes keep (swarm.dht.check_record)."""
+    card = protocol.RosterCard(
+        peer_id=identity.peer_id, swarm_id="test", model_name="m", tokenizer_fingerprint="", policy_version=0,
+        round=0, addrs=(), timestamp=time.time(), seq=1, extra={"pad": "x" * pad} if pad else {},
+    )  # fmt: skip
+    return protocol.roster_key("test", identity.peer_id), codec.encode_message(identity, "test", card)
+
+
 def test_records_from_two_peers_are_visible_to_a_third(swarm):
-    key = "swarmnode/test/records"
-    assert swarm.a.put_record(key, swarm.a.peer_id, b"from a", ttl_s=60)
-    assert swarm.b.put_record(key, swarm.b.peer_id, b"from b", ttl_s=60)
-    expected = {swarm.a.peer_id: b"from a", swarm.b.peer_id: b"from b"}
-    assert _poll(lambda: swarm.c.get_records(key), lambda r: r == expected) == expected
-    assert swarm.a.get_records(key) == expected
+    (key_a, card_a), (key_b, card_b) = _card(swarm.a_id), _card(swarm.b_id)
+    assert swarm.a.put_record(key_a, swarm.a.peer_id, card_a, ttl_s=60)
+    assert swarm.b.put_record(key_b, swarm.b.peer_id, card_b, ttl_s=60)
+    got = _poll(lambda: swarm.c.get_many_records([key_a, key_b]), lambda r: len(r) == 2)
+    assert got[key_a] == {swarm.a.peer_id: card_a} and got[key_b] == {swarm.b.peer_id: card_b}
     assert swarm.b.get_records("swarmnode/test/never-written", timeout_s=3) == {}
+    # unsigned bytes are refused where they would be stored (the validator: PROTOCOL.md section 8)
+    assert not swarm.a.put_record("swarmnode/test/records", swarm.a.peer_id, b"from a", ttl_s=60)
 
 
 def test_oversize_record_is_refused_and_the_dht_keeps_working(swarm):
@@ -182,8 +194,11 @@ def test_oversize_record_is_refused_and_the_dht_keeps_working(swarm):
         with pytest.raises(TransportError) as info:
             swarm.a.put_record(key, swarm.a.peer_id, b"x" * size, ttl_s=60)
         assert info.value.reason == "oversize"
-    assert swarm.a.put_record(key, swarm.a.peer_id, b"y" * MAX_RECORD_BYTES, ttl_s=60)
-    expected = {swarm.a.peer_id: b"y" * MAX_RECORD_BYTES}
+    pad = MAX_RECORD_BYTES - len(_card(swarm.a_id, pad=1000)[1]) + 1000  # a card of exactly the limit
+    key, card = _card(swarm.a_id, pad=pad)
+    assert len(card) == MAX_RECORD_BYTES
+    assert swarm.a.put_record(key, swarm.a.peer_id, card, ttl_s=60)
+    expected = {swarm.a.peer_id: card}
     assert _poll(lambda: swarm.b.get_records(key), lambda r: r == expected) == expected
 
 
@@ -345,7 +360,7 @@ def test_per_peer_stream_cap(swarm):
                 writer.write(b"\x01")  # 1 of 32 bytes: A's handler waits for the rest
                 await writer.drain()
                 held.append(writer)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.1)  # well within PULL_REQUEST_TIMEOUT_S: the four are still held
             _, reader, writer = await b._p2p.call_binary_stream_handler(
                 PeerID.from_base58(a.peer_id), PAYLOAD_STREAM
             )
