@@ -60,8 +60,20 @@ def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now
     if len(value) > MAX_RECORD_BYTES + MSGPACK_BIN_HEADER_BYTES or len(subkey) > MAX_PEER_ID_BYTES + 2:
         return "oversize"
     try:
-        peer = msgpack.unpackb(subkey, raw=False, max_str_len=MAX_PEER_ID_BYTES, max_bin_len=0)
-        data = msgpack.unpackb(value, raw=False, max_bin_len=len(value), max_str_len=0)
+        # a str subkey and a bin value: no container or ext type may even be allocated
+        peer = msgpack.unpackb(
+            subkey, raw=False, max_str_len=MAX_PEER_ID_BYTES, max_bin_len=0,
+            max_array_len=0, max_map_len=0, max_ext_len=0,
+        )  # fmt: skip
+        data = msgpack.unpackb(
+            value,
+            raw=False,
+            max_bin_len=len(value),
+            max_str_len=0,
+            max_array_len=0,
+            max_map_len=0,
+            max_ext_len=0,
+        )
     except Exception:  # noqa: BLE001 - any msgpack failure is a malformed record
         return "malformed"
     if type(peer) is not str or type(data) is not bytes:

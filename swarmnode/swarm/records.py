@@ -32,6 +32,7 @@ from swarmnode.swarm.pool import texts_digest
 
 if TYPE_CHECKING:
     from swarmnode.swarm.exchange import Swarm
+    from swarmnode.swarm.transport import Transport
 
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"
@@ -153,7 +154,7 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
         "model": swarm.policy.name,
         "tokenizer": swarm.policy.tokenizer_fingerprint,
         "connected": swarm.transport.connected_peer_count(),
-        "dht": swarm.transport.dht_health(),
+        "dht": dht_health(swarm.transport),
         "disk_write_failures": swarm.write_failures.count,
         "updated": now,
         "peers": {
@@ -188,6 +189,18 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
             {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
             for peer, remaining, count, reason in swarm.book.bans()
         ],
+    }
+
+
+def dht_health(transport: Transport) -> dict:
+    """What ``/health`` checks of the DHT: ``alive`` (its process runs), ``last_read_ok`` / ``last_write_ok``
+    (time.time() of the last successful get / store, 0: never), ``read_failed`` / ``store_failed``."""
+    return {
+        "alive": transport.dht_alive(),
+        "last_read_ok": transport.last_read_ok,
+        "last_write_ok": transport.last_write_ok,
+        "read_failed": transport.stats["dht_read_failed"],
+        "store_failed": transport.stats["dht_store_failed"],
     }
 
 

@@ -519,17 +519,6 @@ class Transport(PayloadServer):
         """Whether the DHT process (and with it p2pd) is running."""
         return self._running() and self._dht is not None and self._dht.is_alive()
 
-    def dht_health(self) -> dict:
-        """What ``/health`` checks: ``alive``, ``last_read_ok`` / ``last_write_ok`` (time.time() of the last
-        successful get / store, 0: never) and the ``read_failed`` / ``store_failed`` counts."""
-        return {
-            "alive": self.dht_alive(),
-            "last_read_ok": self.last_read_ok,
-            "last_write_ok": self.last_write_ok,
-            "read_failed": self.stats["dht_read_failed"],
-            "store_failed": self.stats["dht_store_failed"],
-        }
-
     def dht_stats(self, timeout_s: float = 5.0) -> dict[str, int]:
         """``routing_table_peers`` and ``stored_records`` (keys this node stores for the DHT); {} if the
         DHT process does not answer in time."""
