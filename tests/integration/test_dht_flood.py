@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -56,8 +57,9 @@ def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path)
         before = dht.memory_info().rss
         cmd = [sys.executable, str(HELPERS / "dht_attacker.py"), address, "flood-0", "nobody", "flood"]
         attacker = subprocess.Popen(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # its own process group: it, its bare DHT process and p2pd
+        )  # fmt: skip
         out = LineReader(attacker.stdout)
         line = out.wait_for_line(
             lambda s: s.startswith("STORED "), FLOOD_TIMEOUT_S, lambda: "\n".join(out.lines)
@@ -74,7 +76,8 @@ def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path)
             assert json.loads(reply.read())["status"] == "ok"
     finally:
         if attacker is not None:
-            attacker.send_signal(signal.SIGKILL)  # the process this test started, by PID
+            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
+                os.killpg(attacker.pid, signal.SIGKILL)  # (a bare hivemind DHT outlives its parent)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 attacker.wait(timeout=10)
         boot.stop()

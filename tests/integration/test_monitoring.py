@@ -525,6 +525,48 @@ def test_the_swarm_or_solo_panel_names_the_solo_node_solo(scraped):
     assert modes == expected, answer
 
 
+def _dht_process(pid: int):
+    """The DHT process of the node with ``pid``: its child that runs p2pd."""
+    import psutil
+
+    for child in psutil.Process(pid).children():
+        if any(grandchild.name() == "p2pd" for grandchild in child.children()):
+            return child
+    raise AssertionError(f"no DHT process under pid {pid}")
+
+
+def _health(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as e:  # 503 when degraded, with the same JSON
+        return json.loads(e.read())
+
+
+@needs_prometheus
+def test_a_killed_dht_process_turns_health_degraded_and_fires_the_alert(scraped):
+    """Last of the scraped swarm's tests (it breaks node b): b's DHT process, a child of the node this
+    module's fixture started, is killed by its PID; /health turns degraded naming it and SwarmnodeDHTDown
+    fires (its `for:` is 1 minute)."""
+    prom, _node, procs = scraped
+    b = procs[1]
+    peer = b.status()["peer_id"]
+    [target] = json.loads((b.run_dir / "prometheus_target.json").read_text())
+    health_url = f"http://{target['targets'][0]}/health"
+    assert _health(health_url)["status"] == "ok"
+    _dht_process(b.proc.pid).kill()
+    deadline = time.monotonic() + 60
+    while (health := _health(health_url))["status"] == "ok" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert health["status"] == "degraded" and "DHT process" in " ".join(health["reasons"]), health
+    firing = f'ALERTS{{alertname="SwarmnodeDHTDown", alertstate="firing", peer_id="{peer}"}}'
+    deadline = time.monotonic() + 150
+    while not prom.query(firing)["data"]["result"]:
+        assert time.monotonic() < deadline, prom.query('ALERTS{alertname="SwarmnodeDHTDown"}')
+        time.sleep(SCRAPE_S)
+    assert b.proc.poll() is None, b.output()  # the node itself kept running
+
+
 # ---------------------------------------------------------------- docker/
 
 
