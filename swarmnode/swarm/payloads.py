@@ -143,7 +143,7 @@ class PayloadServer:
         if good and full_total or not good and (full_total or self._active_open >= self.open_slots):
             # the oldest idle stream this one competes with: any for a good peer, an open-share one otherwise
             victim = next((s for s in self._idle if good or not s.good), None)
-            if victim is None or (not good and victim.good):
+            if victim is None:
                 return None
             self._release(victim)
             self._count("evicted")
