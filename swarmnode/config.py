@@ -69,7 +69,13 @@ class ModelConfig(_Strict):
         "auto", description="auto = bfloat16 on CUDA, float32 on CPU."
     )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
-    gradient_checkpointing: bool = Field(False, description="Trade compute for activation memory.")
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute activations in the backward pass: about 1/3 more training compute for a "
+        "fraction of the activation memory. None = auto: on when training on the CPU and one "
+        "micro-batch's activations would take over 1 GiB or a quarter of the available memory "
+        "(memory.py).",
+    )
     cache_dir: Path | None = Field(
         None, description="Where the embedded model is materialised (default ~/.cache/swarmnode)."
     )

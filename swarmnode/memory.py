@@ -1,4 +1,5 @@
-"""What training will take in memory, said at start, with what to change when the machine cannot hold it.
+"""What training will take in memory, said at start, with what to change when the machine cannot hold it;
+and whether activation checkpointing pays (``model.gradient_checkpointing: null``, the default).
 
 Running out of memory is the most common failure of volunteer training clients, and the cause is
 predictable: the weights, their gradients and AdamW's two moments (4 x the trainable weights' bytes
@@ -17,9 +18,12 @@ import torch
 
 from swarmnode.config import ModelConfig, TrainConfig
 
-# Bytes held per token of a micro-batch, per layer and unit of hidden width (measured, docs/performance.md).
-ACTIVATION_BYTES_PER_TOKEN_LAYER_WIDTH = 48.0
+# Bytes held for the backward pass per token of a micro-batch, per layer and unit of hidden width, fp32
+# (docs/performance.md, "Memory"): a llama-style layer saves ~10 hidden-width and ~4 MLP-width vectors
+# per token; checkpointed, only its input, plus one layer's worth while it is recomputed.
+ACTIVATION_BYTES_PER_TOKEN_LAYER_WIDTH = 84.0
 CHECKPOINTED_BYTES_PER_TOKEN_LAYER_WIDTH = 8.0
+CHECKPOINTING_FROM_BYTES = 2**30  # auto: checkpoint on the CPU once one micro-batch's activations pass this
 RUNTIME_BYTES = 700 * 2**20  # the interpreter with torch, transformers, tokenizers and reasoning-gym loaded
 
 
@@ -28,6 +32,7 @@ class MemoryEstimate:
     weights: int  # every parameter, trainable or not
     training_state: int  # gradients and AdamW's two moments of the trainable ones
     activations: int  # one micro-batch of train.token_budget tokens
+    checkpointed: bool = False  # activations recomputed in the backward pass
     runtime: int = RUNTIME_BYTES
 
     @property
@@ -35,20 +40,33 @@ class MemoryEstimate:
         return self.weights + self.training_state + self.activations + self.runtime
 
 
-def estimate(model: torch.nn.Module, model_cfg: ModelConfig, train: TrainConfig) -> MemoryEstimate:
-    params = list(model.parameters())
-    weights = sum(p.numel() * p.element_size() for p in params)
-    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+def _activation_bytes(model: torch.nn.Module, train: TrainConfig, checkpointed: bool) -> int:
     config = getattr(model, "config", None)
     layers = getattr(config, "num_hidden_layers", 1)
     width = getattr(config, "hidden_size", 1)
-    per = (
-        CHECKPOINTED_BYTES_PER_TOKEN_LAYER_WIDTH
-        if model_cfg.gradient_checkpointing
-        else ACTIVATION_BYTES_PER_TOKEN_LAYER_WIDTH
-    )
-    activations = int(train.token_budget * layers * width * per)
-    return MemoryEstimate(weights=weights, training_state=3 * trainable, activations=activations)
+    per = CHECKPOINTED_BYTES_PER_TOKEN_LAYER_WIDTH if checkpointed else ACTIVATION_BYTES_PER_TOKEN_LAYER_WIDTH
+    return int(train.token_budget * layers * width * per)
+
+
+def checkpointing_pays(
+    model: torch.nn.Module, device: torch.device, train: TrainConfig, available: int | None
+) -> bool:
+    """The auto rule: on the CPU (memory shared with the rest of the machine, and a laptop's is small),
+    checkpoint when one micro-batch's activations would pass 1 GiB or a quarter of what is available."""
+    if device.type != "cpu":
+        return False
+    limit = min(CHECKPOINTING_FROM_BYTES, available // 4) if available else CHECKPOINTING_FROM_BYTES
+    return _activation_bytes(model, train, checkpointed=False) > limit
+
+
+def estimate(model: torch.nn.Module, train: TrainConfig) -> MemoryEstimate:
+    """Peak bytes of a training step; whether activations are checkpointed is read from the model."""
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    checkpointed = bool(getattr(model, "is_activation_checkpointing", False))
+    activations = _activation_bytes(model, train, checkpointed)
+    return MemoryEstimate(weights, 3 * trainable, activations, checkpointed=checkpointed)
 
 
 def available_bytes() -> int | None:
@@ -68,14 +86,15 @@ def describe(est: MemoryEstimate, model_cfg: ModelConfig, train: TrainConfig, av
     line = (
         f"memory: ~{est.total / gib:.1f} GiB at peak (weights {est.weights / gib:.2f}, gradients and AdamW "
         f"{est.training_state / gib:.2f}, activations of a {train.token_budget}-token micro-batch "
-        f"{est.activations / gib:.2f}, runtime {est.runtime / gib:.2f})"
+        f"{est.activations / gib:.2f}{' (checkpointed)' if est.checkpointed else ''}, "
+        f"runtime {est.runtime / gib:.2f})"
     )
     if available is None:
         return line
     line += f", {available / gib:.1f} GiB available"
     if est.total > available:
         fixes = []
-        if not model_cfg.gradient_checkpointing:
+        if not est.checkpointed:
             fixes.append("--set model.gradient_checkpointing=true")
         fixes.append(f"--set train.token_budget={max(train.token_budget // 2, 256)}")
         if model_cfg.lora is None:

@@ -134,8 +134,12 @@ class Node:
             ref_model=ref_model,
         )
         self._report_checkpoint_disk()
-        log(memory.describe(memory.estimate(self.policy.model, cfg.model, cfg.train), cfg.model, cfg.train,
-                            memory.available_bytes()))  # fmt: skip
+        available = memory.available_bytes()
+        if cfg.model.gradient_checkpointing is None and memory.checkpointing_pays(
+            self.policy.model, self.policy.device, cfg.train, available
+        ):
+            self.policy.model.activation_checkpointing_enable()  # model.gradient_checkpointing: auto
+        log(memory.describe(memory.estimate(self.policy.model, cfg.train), cfg.model, cfg.train, available))
         self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed)
         self.replay = None
         if cfg.replay.groups_per_round > 0:

@@ -1,24 +1,39 @@
-"""The start-up memory line: what training takes, and what to change when the machine cannot hold it."""
+"""The start-up memory line, what to change when the machine cannot hold the run, and the auto rule for
+activation checkpointing."""
 
 from __future__ import annotations
+
+import torch
 
 from swarmnode import memory
 from swarmnode.config import ModelConfig, TinyModelConfig, TrainConfig
 from swarmnode.policy import load_policy
 
 TINY = ModelConfig(name="tiny", tiny=TinyModelConfig(family="llama"))
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 def test_training_state_is_three_times_the_trainable_weights_and_checkpointing_shrinks_activations():
     model = load_policy(TINY).model
     train = TrainConfig()
-    est = memory.estimate(model, TINY, train)
+    est = memory.estimate(model, train)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert est.weights == weights and est.training_state == 3 * weights
-    checkpointed = memory.estimate(model, TINY.model_copy(update={"gradient_checkpointing": True}), train)
-    assert checkpointed.activations < est.activations
-    half = memory.estimate(model, TINY, train.model_copy(update={"token_budget": train.token_budget // 2}))
+    assert est.weights == weights and est.training_state == 3 * weights and not est.checkpointed
+    half = memory.estimate(model, train.model_copy(update={"token_budget": train.token_budget // 2}))
     assert half.activations * 2 == est.activations
+    model.activation_checkpointing_enable()
+    checkpointed = memory.estimate(model, train)
+    assert checkpointed.checkpointed and checkpointed.activations < est.activations / 5
+
+
+def test_auto_checkpointing_is_for_large_activations_on_the_cpu():
+    model = load_policy(TINY).model  # hidden 64 x 2 layers: a 4096-token micro-batch is ~44 MB
+    train = TrainConfig(token_budget=4096)
+    assert not memory.checkpointing_pays(model, CPU, train, available=64 * 2**30)
+    assert memory.checkpointing_pays(model, CPU, train, available=100 * 2**20)  # a quarter: 25 MB
+    huge = train.model_copy(update={"token_budget": 4096 * 64})  # ~2.8 GB of activations
+    assert memory.checkpointing_pays(model, CPU, huge, available=64 * 2**30)
+    assert not memory.checkpointing_pays(model, CUDA, huge, available=64 * 2**30)
 
 
 def test_the_line_says_what_to_change_only_when_it_may_not_fit():
