@@ -156,9 +156,11 @@ def test_missing_or_non_ed25519_identity_is_refused_before_starting(tmp_path):
 
 
 def test_malformed_initial_peer_is_an_actionable_error(tmp_path):
+    """The config refuses an address without /p2p/ (test_config); one that gets past that cheap check
+    but is no multiaddr is refused by the transport with the same advice."""
     path, _ = _identity(tmp_path, "x")
     with pytest.raises(TransportError) as info:
-        Transport(path, SwarmConfig(initial_peers=["/ip4/127.0.0.1/tcp/1234"])).start()
+        Transport(path, SwarmConfig(initial_peers=["/ip4/127.0.0.1/tcp/1234/p2p/not-a-peer-id"])).start()
     assert info.value.reason == "bad_address" and "/p2p/" in str(info.value)
 
 

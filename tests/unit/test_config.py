@@ -168,3 +168,9 @@ def test_the_old_name_of_peer_groups_per_round_still_works_with_a_deprecation_li
 def test_old_and_new_name_together_is_an_error_naming_both():
     with pytest.raises(ConfigError, match="external_per_round.*peer_groups_per_round"):
         load_config(None, {"swarm.external_per_round": 2, "swarm.peer_groups_per_round": 3})
+
+
+@pytest.mark.parametrize("addr", ["1.2.3.4:31337", "/ip4/127.0.0.1/tcp/1234", "/ip4/1.2.3.4/tcp/1/p2p/ 12D3"])
+def test_an_initial_peer_without_a_peer_id_is_refused_before_anything_starts(addr: str):
+    with pytest.raises(ConfigError, match="swarm.initial_peers.*not a full multiaddr.*/p2p/"):
+        load_config(None, {"swarm.initial_peers": [addr]})
