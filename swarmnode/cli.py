@@ -102,11 +102,12 @@ def _config(config: Path | None, sets: list[str] | None, **fields: Any) -> NodeC
 
 
 def _run_config(
-    config: Path | None, sets: list[str] | None, reconfigure: bool = False, **fields: Any
+    config: Path | None, sets: list[str] | None, reconfigure: bool | None = None, **fields: Any
 ) -> NodeConfig:
-    """The config of a command on a run folder: the folder's saved config under --config and --set."""
-
-    return config_for_run(config, _overrides(sets, fields), reconfigure=reconfigure)
+    """The config of a command on a run folder: the folder's saved config under --config and --set.
+    ``reconfigure`` is given by the commands that restart a run (None: the command only reads it)."""
+    restart = reconfigure is not None
+    return config_for_run(config, _overrides(sets, fields), restart=restart, reconfigure=bool(reconfigure))
 
 
 @app.command()

@@ -75,12 +75,18 @@ def differing_fields(old: NodeConfig, new: NodeConfig) -> dict[str, tuple[Any, A
 
 
 def config_for_run(
-    path: Path | None, overrides: dict[str, Any] | None = None, *, reconfigure: bool = False
+    path: Path | None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    restart: bool = True,
+    reconfigure: bool = False,
 ) -> NodeConfig:
     """The config for a command on a run folder: the folder's saved config under the user's YAML and
     ``--set``s, or plain ``load_config`` for a folder that holds no run yet.
 
-    Raises ConfigError naming each field that conflicts with the saved config (always for the model).
+    Raises ConfigError naming each field that conflicts with the saved config: for a ``restart`` (the run
+    goes on training) any field that may not change freely unless ``reconfigure``; for commands that
+    only read the run (eval, export, config show) the model alone, whose weights the checkpoints hold.
     """
     cfg = load_config(path, overrides)  # which run folder, and the user's input checked on its own
     saved = saved_config(cfg.run.run_dir)
@@ -90,7 +96,7 @@ def config_for_run(
     previous = load_config(base=saved)
     conflicts = differing_fields(previous, merged)
     fixed = {k: v for k, v in conflicts.items() if k.startswith(FIXED_ON_RESTART)}
-    if fixed or (conflicts and not reconfigure):
+    if fixed or (conflicts and restart and not reconfigure):
         listed = "; ".join(
             f"{k}: {old!r} in the run, {new!r} now" for k, (old, new) in (fixed or conflicts).items()
         )

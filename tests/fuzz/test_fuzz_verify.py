@@ -20,7 +20,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode.config import TasksConfig
 from swarmnode.rollouts import Completion, Provenance
 from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.verify import ALL_REASONS
@@ -29,16 +28,6 @@ from tests.helpers.mutations import fuzz_settings, note, sign_body, structural_m
 from tests.helpers.verify_world import HOSTILE, MIX, SWARM, Node, Peer
 
 PEER = HOSTILE.peer_id
-
-
-@pytest.fixture(scope="module")
-def bank() -> TaskBank:
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.1, seed=1))
-
-
-@pytest.fixture(scope="module")
-def peer_bank() -> TaskBank:
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.5, seed=2))
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,16 @@
 """A receiving node and scripted sending peers around a real Verifier: real reasoning-gym tasks, real
-Ed25519 identities, real encoded messages, fake clocks. Shared by the verifier's unit and fuzz tests."""
+Ed25519 identities, real encoded messages, fake clocks. Shared by the verifier's unit and fuzz tests;
+its ``bank`` and ``peer_bank`` fixtures are registered for the whole suite by tests/conftest.py (a test
+module that needs another bank defines its own fixture of that name)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 
-from swarmnode.config import TaskSpec
+from swarmnode.config import TasksConfig, TaskSpec
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
 from swarmnode.swarm import codec, convert, protocol
@@ -150,3 +153,15 @@ def with_groups(batch: protocol.RolloutBatch, change) -> protocol.RolloutBatch:
 
 def assert_labels(verifier: Verifier) -> None:
     assert set(verifier.rejections) <= set(ALL_REASONS)
+
+
+@pytest.fixture(scope="module")
+def bank() -> TaskBank:
+    """The receiver's bank (format bonus 0.1)."""
+    return TaskBank(TasksConfig(mix=MIX, format_reward=0.1, seed=1))
+
+
+@pytest.fixture(scope="module")
+def peer_bank() -> TaskBank:
+    """The sender's bank: same mix, another format bonus (claims are task scores: they still agree)."""
+    return TaskBank(TasksConfig(mix=MIX, format_reward=0.5, seed=2))

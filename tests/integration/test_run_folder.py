@@ -30,13 +30,28 @@ def one_error_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def qwen_run(tmp_path_factory) -> Path:
-    """Two rounds of a tiny-qwen2 solo run, checkpointed."""
+def qwen_solo(tmp_path_factory) -> subprocess.CompletedProcess[str]:
+    """Two rounds of a tiny-qwen2 solo run, checkpointed, in ``<tmp>/run``."""
     cwd = tmp_path_factory.mktemp("run-folder")
-    run_dir = cwd / "run"
-    proc = swarmnode("solo", *QWEN, "--rounds", "2", "--run-dir", str(run_dir), cwd=cwd)
+    proc = swarmnode("solo", *QWEN, "--rounds", "2", "--run-dir", str(cwd / "run"), cwd=cwd)
     assert proc.returncode == 0, proc.stderr
-    return run_dir
+    return proc
+
+
+@pytest.fixture(scope="module")
+def qwen_run(qwen_solo: subprocess.CompletedProcess[str]) -> Path:
+    return Path(qwen_solo.args[qwen_solo.args.index("--run-dir") + 1])
+
+
+def test_the_first_round_says_what_it_is_doing_before_its_round_line(qwen_solo) -> None:
+    """Without a terminal (a log file), the first round's phases are lines, before the round line."""
+    lines = qwen_solo.stderr.splitlines()
+    phases = [i for i, line in enumerate(lines) if line.startswith("round 1: ")]
+    done = next(i for i, line in enumerate(lines) if line.startswith("round    1 "))
+    said = " | ".join(lines[i] for i in phases)
+    assert phases and max(phases) < done, qwen_solo.stderr
+    assert "sampling 4 x 4 completions" in said and "tok/s" in said and "training on" in said, said
+    assert not any(line.startswith("round 2: ") for line in lines)  # later rounds: the round line only
 
 
 def test_the_run_folder_saves_its_effective_config(qwen_run: Path) -> None:
@@ -207,3 +222,16 @@ def test_a_bad_peer_address_is_refused_before_the_model_loads(tmp_path: Path) ->
 def test_tiny_shape_overrides_on_another_model_are_refused(tmp_path: Path) -> None:
     proc = swarmnode("config", "show", "--set", "model.tiny.hidden_size=65", cwd=tmp_path)
     assert "model.tiny" in one_error_line(proc)
+
+
+def test_commands_that_only_read_a_run_take_other_values_but_never_another_model(qwen_run: Path) -> None:
+    """eval with a longer sampling cap than the run trained with is an evaluation choice, not a conflict."""
+    cwd = qwen_run.parent
+    shown = swarmnode(
+        "config", "show", "--run-dir", str(qwen_run), "--set", "sampling.max_new_tokens=9", cwd=cwd
+    )
+    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["sampling"]["max_new_tokens"] == 9
+    other = swarmnode(
+        "config", "show", "--run-dir", str(qwen_run), "--set", "model.tiny.family=llama", cwd=cwd
+    )
+    assert "model.tiny.family" in one_error_line(other)

@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swarmnode.config import TasksConfig
 from swarmnode.rollouts import Provenance
 from swarmnode.swarm import codec, protocol
 from swarmnode.swarm.verify import ALL_REASONS, VERIFY_REASONS
@@ -25,7 +24,6 @@ from tests.helpers.verify_world import (
     FUZZ,
     HONEST,
     HOSTILE,
-    MIX,
     NOW,
     SWARM,
     Node,
@@ -36,18 +34,6 @@ from tests.helpers.verify_world import (
     signature_offset,
     with_groups,
 )
-
-
-@pytest.fixture(scope="module")
-def bank() -> TaskBank:
-    """The receiver's bank (format bonus 0.1)."""
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.1, seed=1))
-
-
-@pytest.fixture(scope="module")
-def peer_bank() -> TaskBank:
-    """The sender's bank: same mix, another format bonus (claims are task scores: they still agree)."""
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.5, seed=2))
 
 
 @pytest.fixture

@@ -18,20 +18,10 @@ from swarmnode.swarm import convert, protocol
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.verify import SCORE_BUDGET_CPU_S, TEXT_BYTES_PER_TOKEN, ReceiveLimits, Verifier
 from swarmnode.tasks import TaskBank, answer_char_limit
-from tests.helpers.verify_world import HOSTILE, MIX, SWARM, Node, Peer, deliver, with_groups
+from tests.helpers.verify_world import HOSTILE, SWARM, Node, Peer, deliver, with_groups
 
 FINGERPRINT = "ab" * 32  # what verify_world's peers declare; here also the receiver's own
 WORST_ANSWER_S = 0.05  # one answer's scoring cost at its cap, with room (the audit bounds it at 0.1 s)
-
-
-@pytest.fixture(scope="module")
-def bank() -> TaskBank:
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.1, seed=1))
-
-
-@pytest.fixture(scope="module")
-def peer_bank() -> TaskBank:
-    return TaskBank(TasksConfig(mix=MIX, format_reward=0.5, seed=2))
 
 
 def receiver(bank: TaskBank, **limits) -> Node:
