@@ -153,7 +153,7 @@ def test_an_exported_checkpoint_loads_with_from_pretrained_and_generates_what_th
     assert json.loads(fresh.stdout) == node_ids
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_a_stop_signal_mid_run_loses_no_completed_round(tmp_path: Path, sig: signal.Signals) -> None:
     """Checkpoints only at the end (checkpoint_every 100): what survives the signal is the stop's own."""
     run_dir = tmp_path / "run"
