@@ -46,7 +46,7 @@ def _dht_process(pid: int) -> psutil.Process:
     raise AssertionError("the bootstrap has no DHT process")
 
 
-@pytest.mark.slow  # ~50 s: 12 000 signed cards; the storage bounds themselves are unit-tested (test_dht_guard)
+@pytest.mark.slow  # ~50 s, 12 000 signed cards; the storage bounds are unit-tested (test_dht_guard)
 def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path):
     port = _free_port()
     boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
