@@ -102,12 +102,16 @@ def _config(config: Path | None, sets: list[str] | None, **fields: Any) -> NodeC
 
 
 def _run_config(
-    config: Path | None, sets: list[str] | None, reconfigure: bool | None = None, **fields: Any
+    config: Path | None,
+    sets: list[str] | None,
+    *,
+    restart: bool = False,
+    reconfigure: bool = False,
+    **fields: Any,
 ) -> NodeConfig:
-    """The config of a command on a run folder: the folder's saved config under --config and --set.
-    ``reconfigure`` is given by the commands that restart a run (None: the command only reads it)."""
-    restart = reconfigure is not None
-    return config_for_run(config, _overrides(sets, fields), restart=restart, reconfigure=bool(reconfigure))
+    """The config of a command on a run folder: the folder's saved config under --config and --set;
+    ``restart`` for the commands that go on training it (solo, join), see run_folder.config_for_run."""
+    return config_for_run(config, _overrides(sets, fields), restart=restart, reconfigure=reconfigure)
 
 
 @app.command()
@@ -121,7 +125,7 @@ def solo(
     """Run a node in silo mode: the full RL loop, no network (default: the embedded SmolLM2)."""
     with _boundary():
         fields = {"run.rounds": rounds, "run.run_dir": run_dir and str(run_dir)}
-        cfg = _run_config(config, set_, reconfigure, **fields)
+        cfg = _run_config(config, set_, restart=True, reconfigure=reconfigure, **fields)
         from swarmnode.node import run_solo
 
         run_solo(cfg)
@@ -147,7 +151,7 @@ def join(
             "swarm.initial_peers": peers,
             **_announce(announce, set_, "swarm.host_maddrs"),
         }
-        cfg = _run_config(config, set_, reconfigure, **overrides)
+        cfg = _run_config(config, set_, restart=True, reconfigure=reconfigure, **overrides)
         if cfg.swarm.require_initial_peers and not cfg.swarm.initial_peers:
             raise ConfigError(
                 f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "

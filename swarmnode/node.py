@@ -68,7 +68,7 @@ class Node:
         self.run_dir = Path(cfg.run.run_dir)
         fresh = not self.run_dir.exists() or not any(self.run_dir.iterdir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock = self.metrics_server = None
+        self._lock = self.metrics_server = self.tensorboard = None
         self._created_identity: Path | None = None
         try:
             self._set_up()
@@ -134,12 +134,7 @@ class Node:
             ref_model=ref_model,
         )
         self._report_checkpoint_disk()
-        available = memory.available_bytes()
-        if cfg.model.gradient_checkpointing is None and memory.checkpointing_pays(
-            self.policy.model, self.policy.device, cfg.train, available
-        ):
-            self.policy.model.activation_checkpointing_enable()  # model.gradient_checkpointing: auto
-        log(memory.describe(memory.estimate(self.policy.model, cfg.train), cfg.model, cfg.train, available))
+        self._plan_memory()
         self.sampler = make_sampler(cfg.sampling, self.policy, seed=cfg.train.seed)
         self.replay = None
         if cfg.replay.groups_per_round > 0:
@@ -157,7 +152,7 @@ class Node:
 
     def close(self) -> None:
         """Stop the metrics server and release the run folder (the process exiting does the same)."""
-        if getattr(self, "tensorboard", None) is not None:  # set in set-up; None when off
+        if self.tensorboard is not None:
             self.tensorboard.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
@@ -212,6 +207,17 @@ class Node:
         if free < peak:
             message += "; NOT ENOUGH: free disk space or lower run.keep_checkpoints, or checkpoints will fail"
         log(message)
+
+    def _plan_memory(self) -> None:
+        """Turn activation checkpointing on where it pays (``model.gradient_checkpointing: null``), then
+        say what training will take and what to change when it may not fit (memory.py)."""
+        model, cfg = self.policy.model, self.cfg
+        available = memory.available_bytes()
+        if cfg.model.gradient_checkpointing is None and memory.checkpointing_pays(
+            model, self.policy.device, cfg.train, available
+        ):
+            model.activation_checkpointing_enable()
+        log(memory.describe(memory.estimate(model, cfg.train), cfg.model, cfg.train, available))
 
     def save_checkpoint(self) -> Path:
         digest = state_digest(self.policy.model, self.trainer.optimizer)
@@ -295,7 +301,6 @@ class Node:
                         self._checkpoint(final=round_ == target)
                     stop.release()
         except Stopped as stopped:
-            self._bar.close()
             if self.completed_rounds > self._saved_round:
                 self._checkpoint(final=True)
             log(f"stopped ({stopped}) after round {self.completed_rounds}; restart with the same command")
