@@ -266,3 +266,12 @@ def record_exit(info: dict, nodes: list[NodeProc], t0: float) -> None:
     info["exit_codes"] = [node.proc.returncode for node in nodes]
     info["wall_s"] = round(time.monotonic() - t0, 1)
     info["load_after"] = os.getloadavg()
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group a test started with ``start_new_session=True``, by its leader's PID (a
+    bare hivemind DHT and its p2pd outlive their parent otherwise), and reap the leader."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)

@@ -8,10 +8,7 @@ process may grow by at most FLOOD_RSS_BOUND_MIB, and the bootstrap still answers
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +18,7 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, start_bootstrap
+from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group, start_bootstrap
 
 MIB = 1024 * 1024
 MAX_STORED_RECORDS = 4096  # swarm.dht_guard's bound (not imported: the test also runs on older code)
@@ -78,8 +75,5 @@ def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path)
             assert json.loads(reply.read())["status"] == "ok"
     finally:
         if attacker is not None:
-            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
-                os.killpg(attacker.pid, signal.SIGKILL)  # (a bare hivemind DHT outlives its parent)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                attacker.wait(timeout=10)
+            end_group(attacker)
         boot.stop()

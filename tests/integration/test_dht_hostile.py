@@ -13,10 +13,7 @@ squatter half a strike.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +25,7 @@ from swarmnode.config import NodeConfig
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import Swarm
 from swarmnode.tasks import TaskBank
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader
+from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
 from tests.helpers.verify_world import Peer
 
 SWARM = "dht-hostile"
@@ -100,10 +97,7 @@ def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
         assert stored.get("pin", 0) == 0 and stored.get("sybil", 0) == 0, stored  # no honest node took them
     finally:
         if attacker is not None:
-            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
-                os.killpg(attacker.pid, signal.SIGKILL)  # (a bare hivemind DHT outlives its parent)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                attacker.wait(timeout=10)
+            end_group(attacker)
         for node in reversed(nodes):
             node.shutdown()
 
@@ -154,9 +148,6 @@ def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp
         assert reader.book.reputation(sybil) < 0  # charged: half a strike (NOT_FOUND_STRIKE_WEIGHT)
     finally:
         if squatter is not None:
-            with contextlib.suppress(ProcessLookupError):  # the group this test started, by its leader's PID
-                os.killpg(squatter.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                squatter.wait(timeout=10)
+            end_group(squatter)
         for node in reversed(nodes):
             node.shutdown()

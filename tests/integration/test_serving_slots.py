@@ -4,10 +4,8 @@ every time (slots reserved for it), and so does a newcomer (idle streams are evi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +14,7 @@ from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
 from swarmnode.swarm.transport import Transport
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader
+from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
 
 PULLS = 10
 HOG_START_S = 180.0
@@ -76,9 +74,6 @@ def test_sybils_holding_idle_streams_do_not_starve_honest_pulls(tmp_path):
         assert server.stats["refused"] + server.stats.get("evicted", 0) > 0  # the Sybils did hit the caps
     finally:
         if hog is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(hog.pid, signal.SIGKILL)  # the group this test started, by its leader's PID
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                hog.wait(timeout=10)
+            end_group(hog)
         for node in reversed(nodes):
             node.shutdown()
