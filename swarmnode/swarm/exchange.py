@@ -23,6 +23,7 @@ from swarmnode.config import NodeConfig
 from swarmnode.errors import TransportError
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm import codec, convert, protocol, records
+from swarmnode.swarm.announcer import Announcer
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.pool import GroupPool
 from swarmnode.swarm.records import ShareTrace, SwarmCounters
@@ -68,6 +69,11 @@ class Swarm:
             cfg.sampling, tokenizer_fingerprint=policy.tokenizer_fingerprint, vocab_size=len(policy.tokenizer)
         )  # raises ConfigError at start if our own config could not go on the wire
         self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s, limits=limits)
+        self.announcer = Announcer(
+            self.transport, identity, self.swarm_id, model_name=policy.name,
+            tokenizer_fingerprint=policy.tokenizer_fingerprint, extra=roster_extra(bank.fingerprint),
+            ttl_s=self._round_ttl_s, roster_size=lambda: len(self.roster),
+        )  # fmt: skip
         self.counters = SwarmCounters()
         self._round_counts = records.RoundCounts()
         self.addrs: list[str] = []
@@ -92,20 +98,22 @@ class Swarm:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self, round_: int = 0, policy_version: int = 0) -> list[str]:
-        """Start the transport and put this node's roster card in the DHT."""
+        """Start the transport and the announcer (this node's roster card, re-put on its own timer)."""
         self.addrs = self.transport.start()
         self.transport.set_peer_filter(lambda peer: not self.book.is_banned(peer))
         # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
         self.transport.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
-        self.publish_roster(round_, policy_version)
+        self.announcer.start(self.addrs, round_, policy_version)
         return self.addrs
 
     def shutdown(self) -> None:
+        """Put the offline card (a short bounded wait), then stop the transport."""
+        self.announcer.stop()
         self.transport.shutdown()
 
     def _next_seq(self) -> int:
         """Strictly increasing across restarts too (wall-clock milliseconds)."""
-        self._last_seq = max(self._last_seq + 1, int(time.time() * 1000))
+        self._last_seq = protocol.next_seq(self._last_seq)
         return self._last_seq
 
     @property
@@ -122,26 +130,6 @@ class Swarm:
         transport's own timeout) without one. A peer that died or a congested DHT can make each call wait
         its full timeout; within an exchange they share the share deadline instead of adding to it."""
         return None if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
-
-    def publish_roster(self, round_: int, policy_version: int, deadline: float | None = None) -> None:
-        card = protocol.RosterCard(
-            peer_id=self.identity.peer_id,
-            swarm_id=self.swarm_id,
-            model_name=self.policy.name,
-            tokenizer_fingerprint=self.policy.tokenizer_fingerprint,
-            policy_version=policy_version,
-            round=round_,
-            addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
-            timestamp=time.time(),
-            seq=self._next_seq(),
-            extra=roster_extra(self.verifier.bank.fingerprint),
-        )
-        record = codec.encode_message(self.identity, self.swarm_id, card)
-        self.transport.put_record(
-            protocol.roster_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
-            self._round_ttl_s,
-            timeout_s=self._dht_wait(deadline),
-        )  # fmt: skip
 
     def publish(
         self, round_: int, policy_version: int, groups: list[RolloutGroup], deadline: float | None = None
@@ -225,6 +213,9 @@ class Swarm:
                 self.book.check_sequence(peer, protocol.ROSTER_CARD, card.seq, digest)
             except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
                 self.counters.roster_refused[exc.reason] += 1
+                continue
+            if card.offline:  # it stopped cleanly: not waited for, until a later online card says otherwise
+                self.roster.pop(peer, None)
                 continue
             self.roster[peer] = card
             # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
@@ -327,14 +318,15 @@ class Swarm:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
         t_start = time.time()
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
-        self.publish_roster(round_, policy_version, deadline)
+        self.announcer.set_progress(round_, policy_version)
         self.publish(round_, policy_version, local, deadline)
         # The peers to wait for are read once: one joining mid-exchange has no batch for it yet, and the
         # roster is a whole-key DHT get that would otherwise double every poll's cost.
         live = self._live_peers(deadline)
         while True:
             self.poll(round_, deadline)
-            live = {peer for peer in live if not self.book.is_banned(peer)}  # banned meanwhile: stop waiting
+            # banned meanwhile, or gone from the roster (an offline card): stop waiting
+            live = {peer for peer in live if peer in self.roster and not self.book.is_banned(peer)}
             if not live or live <= self._settled or time.monotonic() >= deadline:
                 break
             time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))

@@ -25,6 +25,7 @@ import hashlib
 import math
 import re
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -39,6 +40,7 @@ ROSTER_CARD = "roster_card"
 BATCH_ANNOUNCEMENT = "batch_announcement"
 ROLLOUT_BATCH = "rollout_batch"
 MESSAGE_TYPES = (ROSTER_CARD, BATCH_ANNOUNCEMENT, ROLLOUT_BATCH)
+OFFLINE_FIELD = "offline"  # RosterCard's optional "I am leaving" flag
 
 # --- size limits (bytes are encoded bytes; string lengths are UTF-8 bytes) -----------------------------
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one encoded RolloutBatch, and one stream frame body
@@ -249,24 +251,27 @@ class RosterCard:
     timestamp: float
     seq: int
     protocol_version: int = PROTOCOL_VERSION  # the highest protocol version the node speaks
+    # "I am leaving": put on a clean shutdown so peers stop waiting at once. Optional on the wire (written
+    # only when true) so that every card without it encodes as before and older nodes keep decoding it.
+    offline: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def to_body(self) -> dict[str, Any]:
-        return _with_extra(
-            {
-                "peer_id": self.peer_id,
-                "swarm_id": self.swarm_id,
-                "protocol_version": self.protocol_version,
-                "model_name": self.model_name,
-                "tokenizer_fingerprint": self.tokenizer_fingerprint,
-                "policy_version": self.policy_version,
-                "round": self.round,
-                "addrs": list(self.addrs),
-                "timestamp": float(self.timestamp),
-                "seq": self.seq,
-            },
-            self.extra,
-        )
+        known = {
+            "peer_id": self.peer_id,
+            "swarm_id": self.swarm_id,
+            "protocol_version": self.protocol_version,
+            "model_name": self.model_name,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
+            "policy_version": self.policy_version,
+            "round": self.round,
+            "addrs": list(self.addrs),
+            "timestamp": float(self.timestamp),
+            "seq": self.seq,
+        }
+        if self.offline:
+            known[OFFLINE_FIELD] = True
+        return _with_extra(known, self.extra)
 
     @classmethod
     def from_body(cls, r: Reader) -> RosterCard:
@@ -281,6 +286,7 @@ class RosterCard:
             addrs=r.strs("addrs", MAX_ADDRS, MAX_ADDR_BYTES, ADDR_RE),
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
+            offline=r.bool(OFFLINE_FIELD) if OFFLINE_FIELD in r.d else False,
             extra=r.extra(),
         )
 
@@ -428,6 +434,12 @@ def check_fresh(
     """
     if not now - max_age - max_skew <= timestamp <= now + max_skew:
         raise ProtocolError("stale", f"timestamp {timestamp:.3f} is {timestamp - now:+.1f} s from now")
+
+
+def next_seq(previous: int) -> int:
+    """A sender's next ``seq`` for one message type: max(previous + 1, unix time in milliseconds), so it
+    keeps increasing across restarts without stored state (PROTOCOL.md section 7)."""
+    return max(previous + 1, int(time.time() * 1000))
 
 
 def payload_digest(data: bytes) -> bytes:

@@ -1,0 +1,162 @@
+"""This node's presence in the swarm: its roster card, re-declared on a timer of its own, and an OFFLINE
+card on a clean stop (petals' announce lifecycle).
+
+The card used to be re-put only inside each exchange, so a node in a long round went stale for its peers
+(a card counts as live for half of the record lifetime). The announcer re-puts it every
+``ttl_s / ANNOUNCES_PER_TTL`` seconds from a thread, whatever the round loop is doing; the round loop
+only tells it the current round and policy version (``set_progress``: a locked assignment). ``stop`` puts
+a card marked offline, waiting at most ``OFFLINE_PUT_WAIT_S``, so that peers stop waiting for this node at
+once instead of at their deadlines.
+
+The same thread notices the usual sign of a wrong swarm id: connections to peers, but no roster card of
+this node's swarm for ``LONELY_AFTER_S``. It says so once, with what to check.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from swarmnode.common import log
+from swarmnode.identity import Identity
+from swarmnode.swarm import codec, protocol
+from swarmnode.swarm.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+ANNOUNCES_PER_TTL = 4  # re-declarations per record lifetime: a card stays live (< ttl/2 old) through 1 miss
+OFFLINE_PUT_WAIT_S = 3.0  # the most a clean shutdown waits for its offline card to be stored
+WATCH_PERIOD_S = 5.0  # the thread wakes at least this often (to stop, and for the wrong-swarm check)
+LONELY_AFTER_S = 30.0  # connected, but no card of our swarm this long: the swarm id is probably wrong
+STOP_JOIN_S = 15.0  # a put in flight when stop() is called ends within the transport's record timeout
+
+
+class Announcer:
+    """Puts this node's roster card into the DHT at ``start``, every ``period_s`` after, and an offline
+    card at ``stop``. ``roster_size`` (the peers of our swarm currently known) feeds the wrong-swarm check.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        identity: Identity,
+        swarm_id: str,
+        *,
+        model_name: str,
+        tokenizer_fingerprint: str,
+        extra: Mapping[str, Any],
+        ttl_s: float,
+        roster_size: Callable[[], int],
+        period_s: float | None = None,
+    ):
+        self.transport = transport
+        self.identity = identity
+        self.swarm_id = swarm_id
+        self.model_name = model_name
+        self.tokenizer_fingerprint = tokenizer_fingerprint
+        self.extra = dict(extra)
+        self.ttl_s = ttl_s
+        self.period_s = ttl_s / ANNOUNCES_PER_TTL if period_s is None else period_s
+        self.roster_size = roster_size
+        self.addrs: tuple[str, ...] = ()
+        self.announced = 0  # cards stored (online ones), for tests and status
+        self._progress = (0, 0)  # (round, policy version) the next card carries
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lonely_since: float | None = None
+        self._lonely_said = False
+
+    def set_progress(self, round_: int, policy_version: int) -> None:
+        """The round and policy version the next card carries (cheap: called by the round loop)."""
+        with self._lock:
+            self._progress = (round_, policy_version)
+
+    def card(self, *, offline: bool = False) -> protocol.RosterCard:
+        with self._lock:
+            round_, policy_version = self._progress
+            self._seq = protocol.next_seq(self._seq)
+            seq = self._seq
+        return protocol.RosterCard(
+            peer_id=self.identity.peer_id,
+            swarm_id=self.swarm_id,
+            model_name=self.model_name,
+            tokenizer_fingerprint=self.tokenizer_fingerprint,
+            policy_version=policy_version,
+            round=round_,
+            addrs=self.addrs[: protocol.MAX_ADDRS],
+            timestamp=time.time(),
+            seq=seq,
+            offline=offline,
+            extra=self.extra,
+        )
+
+    def announce(self, *, offline: bool = False, timeout_s: float | None = None) -> bool:
+        """Sign and store a card now; False if the DHT did not take it (the next period tries again).
+
+        An offline card is stored with the same lifetime as the online ones: the DHT keeps, per subkey,
+        the value that expires last, so a shorter one would not replace the online card it follows."""
+        record = codec.encode_message(self.identity, self.swarm_id, self.card(offline=offline))
+        key = protocol.roster_key(self.swarm_id, self.identity.peer_id)
+        stored = self.transport.put_record(
+            key, self.identity.peer_id, record, self.ttl_s, timeout_s=timeout_s
+        )
+        if stored and not offline:
+            self.announced += 1
+        return stored
+
+    def start(self, addrs: list[str], round_: int, policy_version: int) -> None:
+        """Announce once now (peers see this node at once), then keep announcing from a thread."""
+        self.addrs = tuple(addrs)
+        self.set_progress(round_, policy_version)
+        self.announce()
+        self._thread = threading.Thread(target=self._run, name="announcer", daemon=True)
+        self._thread.start()
+
+    def stop(self, *, offline: bool = True) -> None:
+        """Stop the timer, then (a clean stop) put the offline card, waiting at most OFFLINE_PUT_WAIT_S."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(STOP_JOIN_S)
+        self._thread = None
+        if offline and self.announce(offline=True, timeout_s=OFFLINE_PUT_WAIT_S):
+            logger.info("offline card stored: peers stop waiting for this node")
+
+    def _run(self) -> None:
+        next_at = time.monotonic() + self.period_s
+        while not self._stop.wait(min(WATCH_PERIOD_S, max(next_at - time.monotonic(), 0.0))):
+            now = time.monotonic()
+            self._watch_swarm(now)
+            if now >= next_at:
+                next_at = now + self.period_s
+                try:
+                    self.announce()
+                except Exception:  # the network edge keeps going; the next period tries again
+                    logger.exception("announcing the roster card failed")
+
+    def _watch_swarm(self, now: float) -> None:
+        """Say once when this node has had connections but no peer of its swarm for LONELY_AFTER_S."""
+        if self._lonely_said:
+            return
+        connected = self.transport.connected_peer_count()
+        if not connected or self.roster_size() > 0:
+            self._lonely_since = None
+            return
+        if self._lonely_since is None:
+            self._lonely_since = now
+        elif now - self._lonely_since >= LONELY_AFTER_S:
+            self._lonely_said = True
+            log(lonely_line(self.swarm_id, connected, LONELY_AFTER_S))
+
+
+def lonely_line(swarm_id: str, connected: int, seconds: float) -> str:
+    return (
+        f"connected to {connected} peer(s) for {seconds:.0f}s, but none of them announces itself in swarm "
+        f"{swarm_id!r}: if you meant to join an existing swarm, pass the swarm id its nodes use "
+        "(--set swarm.swarm_id=..., as in the join command the first node printed) and the same --config"
+    )
