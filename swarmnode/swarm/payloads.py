@@ -40,6 +40,9 @@ from swarmnode.swarm.protocol import (
 
 logger = logging.getLogger(__name__)
 
+# peers' batches this node verified and serves on (any holder serves a batch: PROTOCOL.md section 9.2),
+# in bytes all together; they never evict this node's own latest batch
+MAX_HELD_PAYLOAD_BYTES = 32 * 1024 * 1024
 WRITE_CHUNK_BYTES = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
 PULL_REQUEST_TIMEOUT_S = 0.75  # the 32-byte request must arrive this soon after the stream opens
 RESERVED_SLOT_SHARE = 0.5  # share of max_streams only peers in good standing may use
@@ -89,6 +92,8 @@ class PayloadServer:
         self._stats_lock = threading.Lock()
         self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
         self._payloads_lock = threading.Lock()
+        self._held: dict[bytes, int] = {}  # digest -> size of the peers' payloads in _payloads
+        self._own_latest = b""  # digest of our own newest offer: never evicted
         self._allow: Callable[[str], bool] = lambda _peer: True
         self._good: Callable[[str], bool] = lambda _peer: False
         self.open_slots = max_streams - int(max_streams * RESERVED_SLOT_SHARE)  # for any peer
@@ -102,21 +107,38 @@ class PayloadServer:
         with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
             self.stats[key] = self.stats.get(key, 0) + n
 
-    def offer(self, digest: bytes, data: bytes) -> None:
-        """Serve ``data`` to peers that ask for ``digest``; past payload_capacity the oldest offer goes."""
+    def offer(self, digest: bytes, data: bytes, *, held: bool = False) -> None:
+        """Serve ``data`` to peers that ask for ``digest``; past payload_capacity the oldest offer goes.
+
+        ``held``: a peer's batch this node verified, served on for others; held payloads together stay
+        under MAX_HELD_PAYLOAD_BYTES and never evict our own latest offer."""
         if len(digest) != PULL_REQUEST_BYTES:
             raise ValueError(f"a digest is {PULL_REQUEST_BYTES} bytes")
         if not 0 < len(data) <= MAX_FRAME_BYTES:
             raise TransportError("oversize", f"payload of {len(data)} bytes; it must be 1..{MAX_FRAME_BYTES}")
+        digest = bytes(digest)
         with self._payloads_lock:
-            self._payloads[bytes(digest)] = bytes(data)
-            self._payloads.move_to_end(bytes(digest))
-            while len(self._payloads) > self.payload_capacity:
-                self._payloads.popitem(last=False)
+            if held and digest in self._payloads and digest not in self._held:
+                return  # our own batch stays ours
+            self._payloads[digest] = bytes(data)
+            self._payloads.move_to_end(digest)
+            if held:
+                self._held[digest] = len(data)
+            else:
+                self._held.pop(digest, None)
+                self._own_latest = digest
+            while (
+                len(self._payloads) > self.payload_capacity
+                or sum(self._held.values()) > MAX_HELD_PAYLOAD_BYTES
+            ):
+                victim = next(d for d in self._payloads if d != self._own_latest)  # capacity >= 1
+                del self._payloads[victim]
+                self._held.pop(victim, None)
 
     def _drop_payloads(self) -> None:
         with self._payloads_lock:
             self._payloads.clear()
+            self._held.clear()
 
     def set_peer_filter(self, allow: Callable[[str], bool]) -> None:
         """``allow(peer_id)`` is asked for every incoming stream and before every fetch (ban lists)."""

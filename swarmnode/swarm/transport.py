@@ -7,9 +7,8 @@ This module knows nothing about rollouts or verification. It gives the node thre
 - ``offer`` / ``fetch``: payloads served by their 32-byte digest on ``PAYLOAD_STREAM`` (the serving
   half, with its caps, is ``swarm.payloads.PayloadServer``, this class's base) and the client side that
   pulls one (PROTOCOL.md section 9), with our 4-byte frame header, a hard cap and one deadline.
-- lifecycle: ``start`` launches the DHT process (which owns the p2pd daemon; ``swarm.daemon``) and a
-  replica of its P2P client in this process, so streams come from our own peer id; ``shutdown`` stops
-  all of it.
+- lifecycle: ``start`` launches the DHT process (it owns p2pd; ``swarm.daemon``) and a replica of its P2P
+  client here (our streams carry our peer id) serving ``stream_handlers``; ``shutdown`` stops all of it.
 - reachability (``swarm.reachability``): with ``auto``, ``start`` asks initial peers to dial this node
   back (reachability.py). If none can, it restarts as a DHT client: peers then never wait on it in
   their routing tables, it reaches out to them, and they pull its payloads over the connections it
@@ -17,14 +16,13 @@ This module knows nothing about rollouts or verification. It gives the node thre
   (``use_auto_relay``); nodes started ``public`` (bootstrap nodes) offer them.
 
 Start-up problems a user can fix raise TransportError with what to do: a listen port already taken
-(checked before the daemon starts: p2pd binds with SO_REUSEPORT, so a second daemon on a port would
-*not* fail, it would silently share it), the daemon failing to start (its own error), no initial peer
-answering (each one tried is named), and a clock too far off the peers' (hivemind allows 3 s).
+(checked first: p2pd binds with SO_REUSEPORT, so a second daemon would silently share the port), the
+daemon failing to start (its own error), no initial peer answering (each one tried is named), and a
+clock too far off the peers' (hivemind allows 3 s).
 
-Threading: hivemind's P2P client is asyncio, the rest of the node is synchronous. One event loop runs in
-a daemon thread; public methods submit coroutines to it and wait with timeouts. The stream handler runs
-on that loop and never blocks it. Network trouble on the record path is logged and reported as a miss;
-payload pulls raise ``TransportError`` with a short ``reason`` that metrics can use as a label.
+Threading: hivemind's P2P client is asyncio, the rest of the node synchronous. One event loop runs in a
+daemon thread; public methods run coroutines on it with timeouts (``submit``: without waiting); stream
+handlers run on it and never block it. Record trouble is a logged miss; pulls raise ``TransportError``.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -139,6 +137,7 @@ class Transport(PayloadServer):
         self._started = False
         self._closed = False
         self._lifecycle_lock = threading.Lock()
+        self.stream_handlers: dict[str, Callable[..., Coroutine]] = {}  # more to serve: set before start
 
     # ------------------------------------------------------------------------------------------
     # lifecycle
@@ -242,9 +241,10 @@ class Transport(PayloadServer):
             raise TransportError(
                 "bad_identity", f"p2pd runs as {self.peer_id}, but the identity file is {expected_peer_id}"
             )
-        self._call(self._p2p.add_binary_stream_handler(self.stream_name, self._handle_stream), timeout)
-        dialback = reachability.DialbackServer().handle
-        self._call(self._p2p.add_binary_stream_handler(reachability.DIALBACK_STREAM, dialback), timeout)
+        self.stream_handlers[self.stream_name] = self._handle_stream
+        self.stream_handlers[reachability.DIALBACK_STREAM] = reachability.DialbackServer().handle
+        for name, handler in self.stream_handlers.items():
+            self._call(self._p2p.add_binary_stream_handler(name, handler), timeout)
         # if this process dies without shutdown() (kill -9), the DHT process and p2pd must not linger on
         # with our peer id and port: they watch for it and exit
         watch = functools.partial(daemon.exit_with_parent, parent_pid=os.getpid())
@@ -252,6 +252,10 @@ class Transport(PayloadServer):
         maddrs = [str(m) for m in self._call(self._p2p.get_visible_maddrs(latest=True), timeout)]
         logger.info("transport up as %s at %s", self.peer_id, maddrs)
         return maddrs
+
+    def submit(self, job: Callable[[Any], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        """Run ``job(p2p)`` on the loop, not waiting for it (fire-and-forget sends: swarm.notices)."""
+        return asyncio.run_coroutine_threadsafe(job(self._p2p), self._loop)  # type: ignore[arg-type]
 
     def shutdown(self) -> None:
         """Stop the handler, the loop thread, the replica and the DHT process (and its p2pd). Idempotent."""
@@ -272,7 +276,7 @@ class Transport(PayloadServer):
         loop, p2p = self._loop, self._p2p
         if loop is not None and self._thread is not None and self._thread.is_alive():
             if p2p is not None:
-                for name in (self.stream_name, reachability.DIALBACK_STREAM):
+                for name in self.stream_handlers:
                     with contextlib.suppress(Exception):
                         self._call(p2p.remove_binary_stream_handler(name), 2.0)
                 with contextlib.suppress(Exception):

@@ -8,8 +8,8 @@ sequence number (a record read twice is a silent duplicate; an older one is a ``
 rejected once is not counted again when the next poll reads it again (unless the reason can change:
 ``banned``, ``stale``).
 
-``check_batch(announcement, data, stream_peer)`` for the ``RolloutBatch`` pulled from the announcer:
-banned? -> stream peer is the announcer -> payload already accepted? -> rate limit -> length, sha256,
+``check_batch(announcement, data, stream_peer)`` for the ``RolloutBatch`` pulled from any holder (the
+announcer or a peer that verified it): banned? -> payload already accepted? -> rate limit -> length, sha256,
 decode, signature and consistency with the announcement -> freshness -> sequence number (a batch signed
 with a seq not above the sender's last one is a ``replay``) -> per-token log-probs in range ->
 token ids below this node's vocabulary size (when the batch claims this node's tokenizer) -> every task
@@ -35,9 +35,10 @@ reasoning-gym) never disagrees with the recomputed score, so a disagreement is a
 
 Who is charged (PROTOCOL.md section 6, last note): only a peer that provably sent the offending bytes.
 DHT records can be written under any subkey by anyone, and old signed records can be written back, so
-rejected announcements are counted but charge nobody. A payload comes over the announcer's own
-authenticated stream and matches the sha256 it signed, so every rejection on that path charges the
-stream peer, except ``stale`` (clocks and our own delays) and ``internal_error`` (our fault).
+rejected announcements are counted but charge nobody. Bytes that do not match the announced length and
+sha256 (``hash_mismatch``) charge the stream peer that sent them; bytes that match are the ones the
+author signed for, so every other rejection charges the author, whoever held them, except ``stale``
+(clocks and our own delays) and ``internal_error`` (our fault). Rate limits count the author's batches.
 
 Nothing here raises on bad input: every path returns None or [] and counts one reason in
 ``rejections`` (Prometheus label values: ``REJECT_REASONS`` from the protocol plus ``VERIFY_REASONS``).
@@ -284,14 +285,15 @@ class Verifier:
         try:
             groups = self._verify_batch(announcement, data, stream_peer)
         except (ProtocolError, _Rejected) as e:
-            self._count(e.reason, stream_peer, e.detail)
+            culprit = stream_peer if e.reason == "hash_mismatch" else announcement.peer_id
+            self._count(e.reason, culprit, e.detail)
             charged = e.reason not in _NOT_CHARGED and getattr(e, "charged", True)
             if charged:
-                self.book.strike(stream_peer, e.reason)
+                self.book.strike(culprit, e.reason)
             if e.reason == "over_budget":  # rare (the sender is struck) and worth an operator's eye
                 log.warning(
                     "scoring a batch from %s ran over budget: %s; rejected%s",
-                    stream_peer, e.detail, ", sender charged" if charged else "",
+                    culprit, e.detail, ", sender charged" if charged else "",
                 )  # fmt: skip
             return []
         except Exception:  # noqa: BLE001 - peer data must never crash the node
@@ -300,33 +302,27 @@ class Verifier:
         self._accepted.add(bytes(announcement.payload_sha256))
         self.accepted_batches += 1
         self.accepted_groups += len(groups)
-        self.book.reward(stream_peer, len(groups))
+        self.book.reward(announcement.peer_id, len(groups))
         return groups
 
     def _verify_batch(
         self, announcement: BatchAnnouncement, data: bytes, stream_peer: str
     ) -> list[RolloutGroup]:
-        if self.book.is_banned(stream_peer):
+        author = announcement.peer_id
+        if self.book.is_banned(stream_peer) or self.book.is_banned(author):
             raise _Rejected("banned")
-        if stream_peer != announcement.peer_id:
-            raise _Rejected(
-                "wrong_sender", f"payload from {stream_peer}, announced by {announcement.peer_id}"
-            )
         if self.already_accepted(announcement.payload_sha256):
             raise _Rejected("duplicate_payload")
         if not isinstance(data, bytes | bytearray | memoryview):
             raise _Rejected("malformed", f"payload is {type(data).__name__}, not bytes")
         data = bytes(data)
-        if not self.book.allow(stream_peer, len(data)):
+        if not self.book.allow(author, len(data)):
             raise _Rejected("rate_limited", f"{len(data)} bytes")
         batch = check_payload(announcement, data, swarm_id=self.swarm_id)
         check_fresh(batch.timestamp, self.clock(), max_age=self.max_age_s)
         # PROTOCOL.md section 7 applies to batches too: without it a peer could re-sign an accepted batch
         # under its old seq (new bytes, so a new sha256) and have the same groups trained on twice.
-        if (
-            self.book.check_sequence(stream_peer, ROLLOUT_BATCH, batch.seq, announcement.payload_sha256)
-            != "new"
-        ):
+        if self.book.check_sequence(author, ROLLOUT_BATCH, batch.seq, announcement.payload_sha256) != "new":
             raise _Rejected("duplicate_payload", "these exact bytes were checked before")
         self._check_logprobs(batch)
         self._check_token_ids(batch)

@@ -140,11 +140,25 @@ def test_announcement_under_another_peers_subkey_is_wrong_sender(
     assert deliver(node, honest, *honest.publish())
 
 
-def test_payload_served_by_another_peer_is_wrong_sender_and_bans_that_peer(node: Node, honest: Peer) -> None:
+def test_payload_served_by_another_holder_is_accepted_and_credits_its_author(
+    node: Node, honest: Peer
+) -> None:
+    """Any holder serves a batch (PROTOCOL.md 9.2): the author's signature inside the bytes is checked."""
     record, data = honest.publish()
-    assert node.receive(record, data, subkey=HONEST.peer_id, stream_peer=HOSTILE.peer_id) == []
-    assert node.verifier.rejections == {"wrong_sender": 1}
-    assert node.book.is_banned(HOSTILE.peer_id) and not node.book.is_banned(HONEST.peer_id)
+    assert node.receive(record, data, subkey=HONEST.peer_id, stream_peer=HOSTILE.peer_id)
+    assert node.verifier.rejections == {}
+    assert node.book.reputation(HONEST.peer_id) > 0 and node.book.reputation(HOSTILE.peer_id) == 0
+
+
+def test_a_holder_serving_other_bytes_is_charged_not_the_author(
+    node: Node, honest: Peer, hostile: Peer
+) -> None:
+    record, _ = honest.publish()
+    _, other = hostile.publish()
+    assert node.receive(record, other, subkey=HONEST.peer_id, stream_peer=HOSTILE.peer_id) == []
+    assert node.verifier.rejections == {"hash_mismatch": 1}
+    peers = node.book.snapshot()["peers"]
+    assert peers[HOSTILE.peer_id]["strikes"] == 1 and peers[HONEST.peer_id]["strikes"] == 0
 
 
 def test_payload_that_differs_from_its_announcement_is_hash_mismatch(node: Node, hostile: Peer) -> None:
