@@ -360,6 +360,14 @@ def message_vectors() -> list[dict[str, Any]]:
             expected_type=None,
         ),
         message(
+            "roster_card_offline",
+            "A roster card marked offline (a clean shutdown): the optional 'offline' field, written only "
+            "when true.",
+            codec.encode_message(A, SWARM, roster_card(offline=True, seq=1002)),
+            "accept",
+            expected_type=RC,
+        ),
+        message(
             "roster_card_unknown_fields",
             "Unknown body fields are ignored but signed, and re-encode exactly.",
             codec.encode_message(A, SWARM, extra_card),
@@ -517,6 +525,13 @@ def message_vectors() -> list[dict[str, Any]]:
             "wrong_field_type",
             "'round' as a string.",
             sign_raw(A, RC, SWARM, with_body(card, round="42")),
+            "bad_field",
+            expected_type=RC,
+        ),
+        message(
+            "offline_not_boolean",
+            "A roster card with 'offline' = 1 (must be a boolean).",
+            sign_raw(A, RC, SWARM, with_body(card, offline=1)),
             "bad_field",
             expected_type=RC,
         ),

@@ -159,7 +159,7 @@ def join(
             )
         from swarmnode.node import run_join
 
-        run_join(cfg)
+        run_join(cfg, config_path=config)
 
 
 @app.command()

@@ -10,6 +10,7 @@ import copy
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from swarmnode import checkpoint, memory
 from swarmnode.common import log
-from swarmnode.config import NodeConfig
+from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.errors import ConfigError
 from swarmnode.identity import load_or_create
 from swarmnode.learn.replay import ReplayBuffer
@@ -29,7 +30,14 @@ from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
-from swarmnode.run_folder import save_config
+from swarmnode.run_folder import (
+    KNOWN_PEERS_FILE,
+    MAX_KNOWN_PEERS,
+    KnownPeers,
+    load_known_peers,
+    save_config,
+    save_known_peers,
+)
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
 from swarmnode.status import LOCK_FILE
@@ -327,14 +335,73 @@ def run_solo(cfg: NodeConfig) -> None:
         node.close()
 
 
-def run_join(cfg: NodeConfig) -> None:
-    """Join a swarm: start the transport, print how others join through this node, wait for the peers
-    the config asks for, then run rounds that share rollouts. The swarm shuts down on the way out."""
+def join_command(addr: str, swarm_id: str, config_path: Path | None) -> str:
+    """What a joiner pastes to join this node's swarm: its address, and the swarm id and config file
+    without which the joiner would land in the default swarm (or another task mix) and train alone."""
+    config = f" --config {shlex.quote(str(config_path))}" if config_path is not None else ""
+    return f"swarmnode join --peers {addr}{config} --set swarm.swarm_id={swarm_id}"
+
+
+def rejoin_network(swarm: SwarmConfig, known: KnownPeers | None) -> tuple[SwarmConfig, bool]:
+    """This start's network settings after a restart: the previous listen port where the config leaves
+    the port to chance (port 0) and it is free again, and the previous peers where the config names none
+    (explicit --peers are used alone: docs/operators.md). Returns (settings, whether saved peers are dialed).
+    """
+    from swarmnode.errors import TransportError
+    from swarmnode.swarm.daemon import check_listen_ports
+
+    if known is None:
+        return swarm, False
+    update: dict = {}
+    port_left_to_chance = all(maddr.rstrip("/").endswith("/tcp/0") for maddr in swarm.host_maddrs)
+    if known.port is not None and port_left_to_chance and not swarm.announce_maddrs:
+        previous = [maddr.rstrip("/").removesuffix("/0") + f"/{known.port}" for maddr in swarm.host_maddrs]
+        try:
+            check_listen_ports(previous)
+            update["host_maddrs"] = previous
+        except TransportError:
+            log(f"the previous listen port {known.port} is taken: listening on a new one")
+    dial_saved = not swarm.initial_peers and bool(known.peers)
+    if dial_saved:
+        update["initial_peers"] = list(known.peers)
+        log(f"dialing {len(known.peers)} peer(s) this node knew when it last ran ({KNOWN_PEERS_FILE})")
+    return swarm.model_copy(update=update), dial_saved
+
+
+class KnownPeersWriter:
+    """Keeps ``known_peers.json`` up to date from the roster: written when the peers' addresses change
+    (checked once per round, not per poll), one address per peer, at most MAX_KNOWN_PEERS."""
+
+    def __init__(self, run_dir: Path, port: int | None):
+        self.run_dir, self.port = run_dir, port
+        self.saved: KnownPeers | None = None
+
+    def update(self, roster: dict) -> None:
+        peers = []
+        for card in list(roster.values())[-MAX_KNOWN_PEERS:]:  # the most recently joined are kept
+            direct = [addr for addr in card.addrs if "p2p-circuit" not in addr and "/p2p/" in addr]
+            peers.extend(direct[:1])
+        known = KnownPeers(self.port, tuple(peers))
+        if known != self.saved:
+            try:
+                save_known_peers(self.run_dir, known)
+                self.saved = known
+            except OSError as exc:  # a full disk costs the restart its shortcut, not the run
+                log(f"could not save {KNOWN_PEERS_FILE} ({exc}); a restart may not find the swarm")
+
+
+def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
+    """Join a swarm: start the transport (on the previous port and through the previous peers after a
+    restart), print how others join through this node, wait for the peers the config asks for, then run
+    rounds that share rollouts. The swarm shuts down on the way out (an offline card, then the network).
+    ``config_path``: the YAML the node was started with, named in the join hint."""
     from swarmnode.swarm.exchange import Swarm  # hivemind and the network stack only for swarm nodes
+    from swarmnode.swarm.reachability import tcp_ports
 
     node = Node(cfg)
+    swarm_settings, dial_saved = rejoin_network(cfg.swarm, load_known_peers(node.run_dir))
     swarm = Swarm(
-        cfg,
+        cfg.model_copy(update={"swarm": swarm_settings}),
         identity=node.identity,
         bank=node.bank,
         policy=node.policy,
@@ -342,18 +409,31 @@ def run_join(cfg: NodeConfig) -> None:
         run_dir=node.run_dir,
         on_status=lambda status: setattr(node.metrics, "swarm", status),
     )
+    if dial_saved:  # a saved peer may be gone for good: start anyway, as on a first start
+        swarm.transport.must_reach_initial_peers = False
+    known = None
     try:
         addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
+        if dial_saved and not swarm.transport.connected_peer_count():
+            tried = len(swarm_settings.initial_peers)
+            log(f"none of the {tried} saved peer(s) answered: this node starts a new swarm")
+        known = KnownPeersWriter(node.run_dir, next(iter(tcp_ports(addrs)), None))
         log(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}")
         log(f"reachability: {swarm.transport.reachability_note}")
         log("others can join through this node with:")
         for addr in addrs:
-            log(f"  swarmnode join --peers {addr}")
+            log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
         swarm.wait_for_peers()
-        node.run(
-            exchange=lambda round_, local: swarm.exchange(round_, node.trainer.policy_version, local),
-            peer_counts=swarm.round_counts,
-        )
+        known.update(swarm.roster)
+
+        def exchange(round_: int, local: list) -> list:
+            chosen = swarm.exchange(round_, node.trainer.policy_version, local)
+            known.update(swarm.roster)
+            return chosen
+
+        node.run(exchange=exchange, peer_counts=swarm.round_counts)
     finally:
+        if known is not None:
+            known.update(swarm.roster)
         swarm.shutdown()
         node.close()

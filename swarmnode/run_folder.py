@@ -6,16 +6,22 @@ Precedence for a folder that holds a run: defaults < the saved ``config.yaml`` <
 value than the run was started with is a conflict, named field by field, unless ``--reconfigure`` is
 given. Some fields may differ on every start (how long to run, where to listen, whom to dial); the model
 never may, because the checkpoints hold its weights.
+
+A swarm node's folder also remembers where it was in the network (``known_peers.json``: its listen port
+and up to ``MAX_KNOWN_PEERS`` peers' addresses), so that a restart with the same command finds its swarm
+again instead of founding a new one on a new port (``node.rejoin_network`` reads it).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from swarmnode.common import atomic_write
+from swarmnode.common import atomic_write, log
 from swarmnode.config import NodeConfig, load_config
 from swarmnode.errors import ConfigError
 
@@ -107,3 +113,54 @@ def config_for_run(
         )
         raise ConfigError(f"{saved} differs from this start's config ({listed}); {remedy}")
     return merged
+
+
+KNOWN_PEERS_FILE = "known_peers.json"
+MAX_KNOWN_PEERS = 16  # peers' addresses remembered for a restart: enough to find a swarm, one line each
+MAX_KNOWN_PEERS_BYTES = 64 * 1024  # a known_peers.json larger than this is not read (it is not ours)
+MAX_KNOWN_ADDR_BYTES = 256  # the wire's MAX_ADDR_BYTES
+
+
+@dataclass(frozen=True)
+class KnownPeers:
+    """Where this node was in the network when it last ran: its TCP listen port and peers' addresses."""
+
+    port: int | None
+    peers: tuple[str, ...]
+
+
+def save_known_peers(run_dir: Path, known: KnownPeers) -> None:
+    """Write ``known_peers.json`` atomically, at most MAX_KNOWN_PEERS addresses."""
+    data = {"port": known.port, "peers": list(known.peers[:MAX_KNOWN_PEERS])}
+    atomic_write(Path(run_dir) / KNOWN_PEERS_FILE, json.dumps(data, indent=1) + "\n")
+
+
+def _is_peer_addr(addr: Any) -> bool:
+    return (
+        isinstance(addr, str)
+        and addr.startswith("/")
+        and "/p2p/" in addr
+        and "p2p-circuit" not in addr  # hivemind would dial the relay, not the peer (issue #15)
+        and len(addr.encode()) <= MAX_KNOWN_ADDR_BYTES
+        and addr.isprintable()
+        and not any(c.isspace() for c in addr)
+    )
+
+
+def load_known_peers(run_dir: Path) -> KnownPeers | None:
+    """The folder's known peers, or None (none saved; or a damaged file: ignored with one line)."""
+    path = Path(run_dir) / KNOWN_PEERS_FILE
+    try:
+        if path.stat().st_size > MAX_KNOWN_PEERS_BYTES:
+            raise ValueError(f"over {MAX_KNOWN_PEERS_BYTES} bytes")
+        data = json.loads(path.read_text())
+        port = data["port"]
+        if port is not None and not (type(port) is int and 0 < port < 65536):
+            raise ValueError(f"port {port!r}")
+        peers = [addr for addr in data["peers"] if _is_peer_addr(addr)]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:  # JSONDecodeError: ValueError
+        log(f"ignoring {path}: not a known-peers file this version wrote ({exc}); starting as a new node")
+        return None
+    return KnownPeers(port, tuple(peers[:MAX_KNOWN_PEERS]))

@@ -72,7 +72,8 @@ class NodeProc:
         )
 
     def address(self, timeout_s: float = 90.0) -> str:
-        return self.wait_for_line(JOIN_HINT, timeout_s).split(JOIN_HINT, 1)[1].strip()
+        """The first address in the node's join hint (the hint goes on with --config / --set)."""
+        return self.wait_for_line(JOIN_HINT, timeout_s).split(JOIN_HINT, 1)[1].split()[0]
 
     def output(self) -> str:
         return "\n".join(self.lines[-60:])
