@@ -9,7 +9,7 @@ from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
 from swarmnode.sampler import make_sampler
-from swarmnode.sampler.hf import HFSampler
+from swarmnode.sampler.hf import HFSampler, argmax_pick
 from swarmnode.sampler.vllm import unavailable
 
 
@@ -73,3 +73,81 @@ def test_vllm_engine_caches_the_shared_prompt_prefix_unless_told_not_to():
     assert args["enable_prefix_caching"] is True and args["load_format"] == "dummy" and args["seed"] == 3
     off = engine_args(SamplingConfig(vllm_prefix_caching=False), "/tmp/folder", torch.float32, seed=3)
     assert off["enable_prefix_caching"] is False
+
+
+def _tiny_sampler(family: str = "llama") -> HFSampler:
+    policy = load_policy(ModelConfig(name="tiny", tiny=TinyModelConfig(family=family)))
+    return HFSampler(policy.model, policy.tokenizer)
+
+
+def _ragged_prompts(tokenizer) -> list[list[int]]:
+    """Prompts of three different lengths, so the batch is left-padded."""
+    questions = (
+        "What is 2 + 3?",
+        "Is p or not p true? Think first, then answer.",
+        "Count to ten, one by one: 1 2 3 4 5 6 7 8 9 10, then back: 10 9 8 7 6 5 4 3 2 1.",
+    )
+    prompts = [encode_prompt(tokenizer, q) for q in questions]
+    assert len({len(p) for p in prompts}) == 3
+    return prompts
+
+
+def test_each_prompt_is_prefilled_once_for_its_samples_and_finished_rows_stop_computing():
+    """The model sees each prompt once (not once per sample) and each completion's tokens once, except
+    the last (nothing follows it): no row keeps stepping as padding after it ended."""
+    sampler = _tiny_sampler()
+    prompts = _ragged_prompts(sampler.tokenizer)
+    fed: list[tuple[int, int]] = []  # (rows, positions) of every forward pass
+    embed = sampler.model.get_input_embeddings()
+    hook = embed.register_forward_hook(lambda _m, args, _out: fed.append(tuple(args[0].shape)))
+    try:
+        groups = sampler.sample(prompts, 4, max_new_tokens=10, temperature=3.0, seed=1)
+    finally:
+        hook.remove()
+    assert fed[0] == (len(prompts), max(len(p) for p in prompts))
+    lengths = [len(c.token_ids) for g in groups for c in g]
+    assert sum(rows * positions for rows, positions in fed[1:]) == sum(n - 1 for n in lengths)
+
+
+def test_greedy_decoding_equals_generate_per_prompt_on_ragged_prompts_in_both_families():
+    """Sharing the prefill across samples, left padding and dropping finished rows change no token: the
+    shared, batched loop decodes what transformers' generate decodes for each prompt alone."""
+    for family in ("llama", "qwen2"):
+        sampler = _tiny_sampler(family)
+        prompts = _ragged_prompts(sampler.tokenizer)
+        eos = sampler.tokenizer.eos_token_id
+        expected = []
+        for prompt in prompts:
+            out = sampler.model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos
+            )[0, len(prompt) :].tolist()
+            expected.append(out[: out.index(eos) + 1] if eos in out else out)
+        assert sampler.greedy(prompts, 12) == expected
+        # G rows per prompt from one shared prefill: every row is the prompt's own greedy completion
+        shared = [ids for ids, _ in sampler.decode(prompts, 3, 12, argmax_pick)]
+        assert shared == [ids for ids in expected for _ in range(3)]
+
+
+def test_rows_that_finish_leave_the_batch_without_changing_the_others():
+    """Forcing some rows to end early (EOS) leaves every other row's tokens and log-probs as they were."""
+    sampler = _tiny_sampler("qwen2")
+    prompts = _ragged_prompts(sampler.tokenizer)
+    eos = sampler.tokenizer.eos_token_id
+    free = sampler.decode(prompts, 2, 8, argmax_pick)
+    calls = [0]
+
+    def end_the_first_live_row_at_steps_2_and_4(logits):
+        ids, logp = argmax_pick(logits)
+        calls[0] += 1
+        if calls[0] in (2, 4):
+            ids = ids.clone()
+            ids[0] = eos
+        return ids, logp
+
+    forced = sampler.decode(prompts, 2, 8, end_the_first_live_row_at_steps_2_and_4)
+    ended = [row for row, (ids, _) in enumerate(forced) if len(ids) < 8]
+    assert len(ended) == 2 and all(forced[row][0][-1] == eos for row in ended)
+    for row, ((ids, logp), (free_ids, free_logp)) in enumerate(zip(forced, free, strict=True)):
+        if row not in ended:
+            assert ids == free_ids
+            assert logp == pytest.approx(free_logp, abs=1e-5)
