@@ -226,6 +226,16 @@ class NodeCollector:
         for reason, count in {**dict.fromkeys(FETCH_FAILURE_REASONS, 0), **s["fetch_failures"]}.items():
             failed.add_metric([reason], count)
         yield failed
+        from swarmnode.swarm.notices import NOTICE_OUTCOMES
+
+        notices = CounterMetricFamily(
+            "swarmnode_notices",
+            "Batch notices from peers, by outcome (received or why refused).",
+            labels=["outcome"],
+        )
+        for outcome, count in {**dict.fromkeys(NOTICE_OUTCOMES, 0), **s.get("notices", {})}.items():
+            notices.add_metric([outcome], count)
+        yield notices
 
 
 def dht_families(dht: dict) -> Iterator:

@@ -1,11 +1,13 @@
 """SAPO exchange: publish this node's groups, gather verified peer groups, pick J for the round.
 
 Per round the node (1) puts its local groups into one signed RolloutBatch, offers the payload over its
-stream handler and announces it in the DHT; (2) polls the roster and the announcements, pulls every new
-batch, and lets the Verifier regenerate questions and recompute rewards; (3) stops waiting once every
-live peer has delivered since the last round or the deadline passes, whichever is first, and never
-later; (4) chooses J peer groups (``GroupPool.select``): zero-advantage groups dropped after local
-re-scoring, freshest first, uniform among equally fresh ones. Each peer group is trained on at most once.
+stream handler, pushes the signed announcement to every roster peer (``swarm.notices``) and stores it in
+the DHT; (2) takes from the pool that the exchange service (``swarm.background``, a thread beside the
+round loop) keeps filled with verified peer groups, waiting (on ``changed``, never past the deadline)
+only until every live peer has delivered a batch since our last round; (3) chooses J peer groups
+(``GroupPool.select``): zero-advantage groups dropped after local re-scoring, freshest first, uniform
+among equally fresh ones. Each peer group is trained on at most once. ``lock`` guards what the round
+thread shares with the service (``swarm.background`` says what).
 
 What it writes down (counters, status.json, the peer_groups.jsonl audit trail, the opt-in share
 trace) is ``swarm.records``; the pool, dedup and the choice of J are ``swarm.pool``.
@@ -13,34 +15,28 @@ trace) is ``swarm.records``; the pool, dedup and the choice of J are ``swarm.poo
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from swarmnode.common import BoundedSet, WriteFailures, log
 from swarmnode.config import NodeConfig
-from swarmnode.errors import TransportError
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.swarm import codec, convert, protocol, records
+from swarmnode.swarm import codec, convert, notices, protocol, records
 from swarmnode.swarm.announcer import Announcer
+from swarmnode.swarm.background import ExchangeService
 from swarmnode.swarm.peers import PeerBook
 from swarmnode.swarm.pool import GroupPool
 from swarmnode.swarm.records import ShareTrace, SwarmCounters
 from swarmnode.swarm.transport import Transport
 from swarmnode.swarm.verify import ReceiveLimits, Verifier, card_fingerprint, roster_extra
 
-POLL_INTERVAL_S = 0.5
-MAX_PULLED = 65536  # payload digests remembered as pulled (~100 B each)
 MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so each is logged once
-MAX_FETCH_ATTEMPTS = 2
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
-RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 # roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
 MAX_ROSTER_PEERS = protocol.ROSTER_SHARDS * protocol.MAX_SUBKEYS_PER_KEY
-# a peer that announces a payload and then answers "not found" is charged half a strike: an honest
-# node does it only after a restart (its announcement outlives its payload store), a squatter every time
-NOT_FOUND_STRIKE_WEIGHT = 0.5
 
 
 class Swarm:
@@ -68,7 +64,11 @@ class Swarm:
         limits = ReceiveLimits.for_node(
             cfg.sampling, tokenizer_fingerprint=policy.tokenizer_fingerprint, vocab_size=len(policy.tokenizer)
         )  # raises ConfigError at start if our own config could not go on the wire
-        self.verifier = Verifier(bank, self.swarm_id, self.book, max_age_s=self._round_ttl_s, limits=limits)
+        # the verifier runs on the exchange service's thread: its own TaskBank (the dataset cache is not
+        # safe to share with the sampling thread)
+        self.verifier = Verifier(
+            copy.deepcopy(bank), self.swarm_id, self.book, max_age_s=self._round_ttl_s, limits=limits
+        )
         self.announcer = Announcer(
             self.transport, identity, self.swarm_id, model_name=policy.name,
             tokenizer_fingerprint=policy.tokenizer_fingerprint, extra=roster_extra(bank.fingerprint),
@@ -81,12 +81,11 @@ class Swarm:
         self._ignored_peers: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
         # peers whose roster card names another task fingerprint: their batches are not pulled
         self._incompatible: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
-        # (announcer, payload digest) already fetched (accepted or not)
-        self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
-        self._deferred: dict[
-            str, protocol.BatchAnnouncement
-        ] = {}  # verified and new, to pull at the next poll
-        self._fetch_attempts: Counter[tuple[str, bytes]] = Counter()
+        self.lock = threading.RLock()  # shared with the exchange service (swarm.background)
+        self.changed = threading.Condition(self.lock)  # a batch settled or the roster was read
+        self.service = ExchangeService(self)
+        self.transport.stream_handlers[notices.NOTICE_STREAM] = self.service.notices.handle
+        self._round = 0  # our round, for the pool's freshness tiers of batches arriving now
         self.pool = GroupPool()  # ties broken by os.urandom: not predictable from our public peer id
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
@@ -104,10 +103,13 @@ class Swarm:
         # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
         self.transport.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
         self.announcer.start(self.addrs, round_, policy_version)
+        self._round = round_
+        self.service.start()
         return self.addrs
 
     def shutdown(self) -> None:
         """Put the offline card (a short bounded wait), then stop the transport."""
+        self.service.stop()
         self.announcer.stop()
         self.transport.shutdown()
 
@@ -154,6 +156,9 @@ class Swarm:
         announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
+        with self.lock:
+            peers = [peer for peer in self.roster if not self.book.is_banned(peer)]
+        notices.notify(self.transport, peers, self.identity.peer_id, record)  # the DHT record is the fallback
         stored = self.transport.put_record(
             protocol.announce_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
             self._round_ttl_s,
@@ -161,10 +166,11 @@ class Swarm:
         )  # fmt: skip
         self._trace(
             "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
-            stored=time.time(), ok=stored, groups=len(groups), bytes=len(data),
+            stored=time.time(), ok=stored, groups=len(groups), bytes=len(data), notified=len(peers),
         )  # fmt: skip
-        self.counters.batches_published += 1
-        self.counters.groups_published += len(groups)
+        with self.lock:
+            self.counters.batches_published += 1
+            self.counters.groups_published += len(groups)
 
     # -- collecting ------------------------------------------------------------------------------
 
@@ -178,165 +184,103 @@ class Swarm:
         keys = protocol.roster_keys(self.swarm_id)
         shards = self.transport.get_many_records(keys, self._dht_wait(deadline))
         now = time.time()
-        for peer, record in (item for shard in shards.values() for item in shard.items()):
-            if peer == self.identity.peer_id:
-                continue
-            if peer not in self.roster and len(self.roster) >= MAX_ROSTER_PEERS:
-                self.counters.roster_refused["roster_full"] += 1
-                continue
-            try:
-                card, _ = codec.decode_message(
-                    record, swarm_id=self.swarm_id, expected_type=protocol.ROSTER_CARD, expected_peer_id=peer
-                )
-            except protocol.ProtocolError as exc:
-                self.counters.roster_refused[exc.reason] += 1
-                if peer not in self._ignored_peers:
-                    self._ignored_peers.add(peer)
-                    log(f"ignoring peer {ascii(peer[:16])}...: roster card rejected ({exc.reason})")
-                continue
-            if card.protocol_version != protocol.PROTOCOL_VERSION:
-                if peer not in self._ignored_peers:
-                    self._ignored_peers.add(peer)
-                    log(f"ignoring peer {ascii(peer[:16])}...: speaks protocol v{card.protocol_version}")
-                continue
-            if card_fingerprint(card) != self.verifier.bank.fingerprint:  # skipped, never charged
-                self._incompatible.add(peer)
-                self.roster.pop(peer, None)
-                if peer not in self._ignored_peers:
-                    self._ignored_peers.add(peer)
-                    log(f"ignoring peer {ascii(peer[:16])}...: another task mix or scorer version")
-                continue
-            self._incompatible.discard(peer)
-            try:
-                protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
-                digest = protocol.payload_digest(record)
-                self.book.check_sequence(peer, protocol.ROSTER_CARD, card.seq, digest)
-            except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
-                self.counters.roster_refused[exc.reason] += 1
-                continue
-            if card.offline:  # it stopped cleanly: not waited for, until a later online card says otherwise
-                self.roster.pop(peer, None)
-                continue
-            self.roster[peer] = card
-            # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
-            recent = now - card.timestamp < self._round_ttl_s / 2
-            if recent and not self.book.is_banned(peer):
-                live.add(peer)
-        # a card past its DHT record's lifetime is forgotten: churn must not pile up
-        for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
-            del self.roster[peer]
-        return live
+        with self.lock:  # the roster is shared with the round thread (status, notices)
+            for peer, record in (item for shard in shards.values() for item in shard.items()):
+                if peer == self.identity.peer_id:
+                    continue
+                if peer not in self.roster and len(self.roster) >= MAX_ROSTER_PEERS:
+                    self.counters.roster_refused["roster_full"] += 1
+                    continue
+                try:
+                    card, _ = codec.decode_message(
+                        record,
+                        swarm_id=self.swarm_id,
+                        expected_type=protocol.ROSTER_CARD,
+                        expected_peer_id=peer,
+                    )
+                except protocol.ProtocolError as exc:
+                    self.counters.roster_refused[exc.reason] += 1
+                    if peer not in self._ignored_peers:
+                        self._ignored_peers.add(peer)
+                        log(f"ignoring peer {ascii(peer[:16])}...: roster card rejected ({exc.reason})")
+                    continue
+                if card.protocol_version != protocol.PROTOCOL_VERSION:
+                    if peer not in self._ignored_peers:
+                        self._ignored_peers.add(peer)
+                        log(f"ignoring peer {ascii(peer[:16])}...: speaks protocol v{card.protocol_version}")
+                    continue
+                if card_fingerprint(card) != self.verifier.bank.fingerprint:  # skipped, never charged
+                    self._incompatible.add(peer)
+                    self.roster.pop(peer, None)
+                    if peer not in self._ignored_peers:
+                        self._ignored_peers.add(peer)
+                        log(f"ignoring peer {ascii(peer[:16])}...: another task mix or scorer version")
+                    continue
+                self._incompatible.discard(peer)
+                try:
+                    protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
+                    digest = protocol.payload_digest(record)
+                    self.book.check_sequence(peer, protocol.ROSTER_CARD, card.seq, digest)
+                except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
+                    self.counters.roster_refused[exc.reason] += 1
+                    continue
+                if (
+                    card.offline
+                ):  # it stopped cleanly: not waited for, until a later online card says otherwise
+                    self.roster.pop(peer, None)
+                    continue
+                self.roster[peer] = card
+                # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
+                recent = now - card.timestamp < self._round_ttl_s / 2
+                if recent and not self.book.is_banned(peer):
+                    live.add(peer)
+            # a card past its DHT record's lifetime is forgotten: churn must not pile up
+            for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
+                del self.roster[peer]
+            return live
 
     def wait_for_peers(self) -> set[str]:
         """Block until ``swarm.min_peers`` live peers are in the roster, or ``wait_for_peers_s`` passes."""
         wanted = self.cfg.swarm.min_peers
         deadline = time.monotonic() + self.cfg.swarm.wait_for_peers_s
-        live = self._live_peers()
-        if len(live) < wanted:
-            log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
-        while len(live) < wanted and time.monotonic() < deadline:
-            time.sleep(POLL_INTERVAL_S)
-            live = self._live_peers()
+        with self.lock:  # the exchange service reads the roster and notifies ``changed``
+            while not self.service.roster_reads and time.monotonic() < deadline:
+                self.changed.wait(max(deadline - time.monotonic(), 0.0))
+            if len(self.service.live) < wanted:
+                log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
+            while len(self.service.live) < wanted and time.monotonic() < deadline:
+                self.changed.wait(max(deadline - time.monotonic(), 0.0))
+            live = set(self.service.live)
         if len(live) < wanted:
             log(f"starting with {len(live)} of {wanted} peers: waited {self.cfg.swarm.wait_for_peers_s:.0f}s")
         return live
-
-    def poll(self, round_: int, deadline: float) -> None:
-        """Pull and verify every new announced batch into the pool; no fetch outlives ``deadline``."""
-        t_get = time.time()
-        peers = [p for p in self.roster if p != self.identity.peer_id and not self.book.is_banned(p)]
-        keys = {protocol.announce_key(self.swarm_id, peer): peer for peer in peers}
-        found = self.transport.get_many_records(list(keys), self._dht_wait(deadline))
-        t_seen = time.time()
-        for key, peer in keys.items():
-            record = found.get(key, {}).get(peer)
-            # check_announcement records a new seq as seen and returns None for it afterwards, so one that
-            # arrives when the deadline has passed waits in _deferred for the next poll instead of being lost
-            fresh = None if record is None else self.verifier.check_announcement(record, peer)
-            announcement = fresh or self._deferred.get(peer)
-            self._deferred.pop(peer, None)
-            if announcement is None:
-                continue
-            pull = (peer, announcement.payload_sha256)
-            # data already accepted, announced anew (by anyone): never pulled twice. Keyed by announcer too,
-            # so a peer that announces someone else's digest and answers "not found" suppresses nothing.
-            if pull in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
-                self.verifier.count_repeat(announcement, peer)
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._deferred[peer] = announcement
-                return
-            self._pulled.add(pull)
-            trace = {
-                "peer": peer, "round": announcement.round, "our_round": round_,
-                "announced_ts": announcement.timestamp, "get_started": t_get, "seen": t_seen,
-                "fetch_started": time.time(),
-            }  # fmt: skip
-            try:
-                data = self.transport.fetch(
-                    peer,
-                    announcement.payload_sha256,
-                    max_bytes=min(announcement.payload_len, protocol.MAX_FRAME_BYTES),
-                    timeout_s=remaining,
-                )
-            except TransportError as exc:
-                self.counters.fetch_failures[exc.reason] += 1
-                self._trace("batch", **trace, fetched=time.time(), error=exc.reason)
-                self._after_failed_fetch(peer, announcement, exc.reason)
-                continue
-            trace["fetched"] = time.time()
-            self._fetch_attempts.pop(pull, None)
-            self.counters.batches_received += 1
-            groups, duplicates = self.pool.unseen(self.verifier.check_batch(announcement, data, peer))
-            self.counters.duplicate_groups += duplicates
-            self._trace("batch", **trace, verified=time.time(), groups=len(groups), bytes=len(data))
-            self._settled.add(peer)
-            if groups:
-                self.counters.arrival.observe(time.time() - announcement.timestamp)
-                self.counters.groups_accepted += len(groups)
-                self.pool.add(groups, round_)
-
-    def _after_failed_fetch(self, peer: str, announcement: protocol.BatchAnnouncement, reason: str) -> None:
-        """Transient failures are retried at the next poll (bounded); an oversized frame is the
-        authenticated sender's fault and costs it a strike; "not found" for a payload the peer announced
-        itself costs it half of one (NOT_FOUND_STRIKE_WEIGHT)."""
-        pull = (peer, announcement.payload_sha256)
-        if reason == "oversize":
-            self.book.strike(peer, "oversize")
-        elif reason == "not_found":
-            self.book.strike(peer, "not_found", NOT_FOUND_STRIKE_WEIGHT)
-        elif reason in RETRYABLE_FETCH_FAILURES and self._fetch_attempts[pull] < MAX_FETCH_ATTEMPTS - 1:
-            self._fetch_attempts[pull] += 1
-            self._pulled.discard(pull)
-            self._deferred[peer] = announcement
-            return
-        self._fetch_attempts.pop(pull, None)
-        self._settled.add(peer)
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
         """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
         t_start = time.time()
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
         self.announcer.set_progress(round_, policy_version)
+        with self.lock:
+            self._round = round_
         self.publish(round_, policy_version, local, deadline)
-        # The peers to wait for are read once: one joining mid-exchange has no batch for it yet, and the
-        # roster is a whole-key DHT get that would otherwise double every poll's cost.
-        live = self._live_peers(deadline)
-        while True:
-            self.poll(round_, deadline)
-            # banned meanwhile, or gone from the roster (an offline card): stop waiting
-            live = {peer for peer in live if peer in self.roster and not self.book.is_banned(peer)}
-            if not live or live <= self._settled or time.monotonic() >= deadline:
-                break
-            time.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0)))
+        with self.lock:
+            # The peers to wait for are read once (the service's last roster read): one joining
+            # mid-exchange has no batch for it yet. Bounded: each wait ends by the deadline.
+            live = set(self.service.live)
+            while True:
+                # banned meanwhile, or gone from the roster (an offline card): stop waiting
+                live = {peer for peer in live if peer in self.roster and not self.book.is_banned(peer)}
+                if not live or live <= self._settled or time.monotonic() >= deadline:
+                    break
+                self.changed.wait(max(deadline - time.monotonic(), 0.0))
+            delivered = len(live & self._settled)
+            self._settled.clear()
+            self._round = round_ + 1  # batches arriving from now on are fresh for our next round
+            chosen = self.pool.select(self.cfg.swarm.peer_groups_per_round)
+            self.counters.groups_trained += len(chosen)
         self._trace(
-            "exchange", round=round_, started=t_start, ended=time.time(), live=len(live),
-            delivered=len(live & self._settled),
+            "exchange", round=round_, started=t_start, ended=time.time(), live=len(live), delivered=delivered,
         )  # fmt: skip
-        self._settled.clear()
-        chosen = self.pool.select(self.cfg.swarm.peer_groups_per_round)
-        self.counters.groups_trained += len(chosen)
         records.append_peer_groups(self.run_dir, round_, chosen, self.write_failures)
         self.write_status(round_, policy_version)
         return chosen
@@ -344,11 +288,13 @@ class Swarm:
     # -- status ----------------------------------------------------------------------------------
 
     def status(self, round_: int, policy_version: int) -> dict:
-        return records.status(self, round_, policy_version)
+        with self.lock:
+            return records.status(self, round_, policy_version)
 
     def round_counts(self) -> dict:
         """Peer traffic since the last call (records.RoundCounts), for the round's metrics record."""
-        return self._round_counts.take(self)
+        with self.lock:
+            return self._round_counts.take(self)
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``records.write_status``), also handed to ``on_status``."""

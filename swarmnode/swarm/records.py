@@ -9,10 +9,12 @@
   a resume from a checkpoint, rounds that run again can appear twice.
 - ``share.jsonl`` (``ShareTrace``, for benchmarks/swarm_latency.py): with ``SWARMNODE_SHARE_TRACE=1`` in
   the environment the node appends one JSON line per event, all times wall-clock ``time.time()``:
-  ``publish`` (own batch: publish start, announcement timestamp, DHT store done), ``batch`` (one per
-  peer batch pulled: the announcement's signed timestamp, when the DHT get that first showed it started
-  and returned, fetch start and end, verification end, groups accepted or the fetch failure reason) and
-  ``exchange`` (start, end, live peers, peers delivered). Off by default: nothing is written.
+  ``publish`` (own batch: publish start, announcement timestamp, DHT store done, peers notified),
+  ``batch`` (one per pull of a peer batch by the exchange service: its author ``peer``, the ``holder``
+  that served it, ``via`` notice or poll, the announcement's signed timestamp, when the read that first
+  showed it started and returned (a notice: its arrival, twice), fetch start and end, verification end,
+  groups accepted or the fetch failure reason) and ``exchange`` (start, end, live peers, peers
+  delivered). Off by default: nothing is written.
 """
 
 from __future__ import annotations
@@ -185,6 +187,8 @@ def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
         "rejected": dict(sorted(swarm.verifier.rejections.items())),
         "fetch_failures": dict(counters.fetch_failures),
         "roster_refused": dict(counters.roster_refused),
+        "notices": swarm.service.notices.snapshot(),  # received and refused, by outcome
+        "pulls_by_source": dict(swarm.service.pulls_by_source),  # batches found by notice / poll / holder
         "bans": [
             {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
             for peer, remaining, count, reason in swarm.book.bans()

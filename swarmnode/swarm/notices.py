@@ -1,0 +1,195 @@
+"""Notices: a peer tells this node directly that a batch exists, so discovery does not wait for a DHT poll.
+
+One notice per stream on ``NOTICE_STREAM`` (PROTOCOL.md section 9.3), sender to receiver, no answer: a
+4-byte big-endian length n (1..MAX_NOTICE_BYTES), then n bytes: one byte a, the author's base58 peer id
+in a bytes (1..MAX_PEER_ID_BYTES), and the author's signed announcement record (the same bytes it stored
+in the DHT). The stream's peer is the *holder*: the author itself, or a peer that holds the batch and
+can serve it (``notify_one``). A notice is a hint, not a trust anchor: the record is checked exactly like
+one read from the DHT (signature, freshness, seq) by the exchange service, and the batch pulled is
+checked against the author's signature whoever serves it.
+
+Receiving (``NoticeReceiver.handle``, on the transport's event loop; it never blocks it): a sender the
+peer filter refuses, or one past MAX_NOTICE_STREAMS streams at once, is closed unread; each sender spends
+one token of a bucket refilled at NOTICES_PER_MIN (NOTICE_BURST deep; MAX_NOTICE_SENDERS senders
+remembered); the frame must arrive within NOTICE_READ_TIMEOUT_S and a length over MAX_NOTICE_BYTES is
+refused before the body. A well-formed notice goes to ``on_notice(record, author, holder)`` (the
+service's non-blocking ``add_candidate``), which returns False when its bounded queue is full. Every
+outcome is counted in ``counts`` by ``NOTICE_OUTCOMES``; none escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from swarmnode.swarm.protocol import (
+    FRAME_HEADER_BYTES,
+    MAX_PEER_ID_BYTES,
+    MAX_RECORD_BYTES,
+    ProtocolError,
+    encode_frame_header,
+    parse_frame_header,
+)
+
+logger = logging.getLogger(__name__)
+
+NOTICE_STREAM = "/swarmnode/notice/1"
+MAX_NOTICE_BYTES = 1 + MAX_PEER_ID_BYTES + MAX_RECORD_BYTES  # one author id and one DHT record
+NOTICE_READ_TIMEOUT_S = 1.0  # the sender writes its frame as soon as the stream opens
+NOTICE_SEND_TIMEOUT_S = 2.0  # fire-and-forget: a peer that does not take a notice in time misses it
+NOTICES_PER_MIN = 120.0  # per sender: an honest node sends one per batch (a holder one per batch it holds)
+NOTICE_BURST = 16
+MAX_NOTICE_SENDERS = 4096  # senders whose token bucket is remembered (least recently seen go first)
+MAX_NOTICE_STREAMS = 32  # notice streams read at once, all senders together
+MAX_PARALLEL_NOTICE_SENDS = 32  # streams this node opens at once to send one notice to its peers
+NOTICE_OUTCOMES = (
+    "received", "refused", "rate_limited", "oversize", "bad_frame", "timeout", "queue_full",
+    "unknown_author", "errors",
+)  # fmt: skip
+
+
+def encode_notice(author: str, record: bytes) -> bytes:
+    """The whole notice frame: header, author id, record."""
+    author_bytes = author.encode("ascii")
+    if not 0 < len(author_bytes) <= MAX_PEER_ID_BYTES or not 0 < len(record) <= MAX_RECORD_BYTES:
+        raise ValueError("a notice carries one peer id and one DHT record")
+    body = bytes([len(author_bytes)]) + author_bytes + bytes(record)
+    return encode_frame_header(len(body), MAX_NOTICE_BYTES) + body
+
+
+def parse_notice(body: bytes) -> tuple[str, bytes]:
+    """(author, record) from a notice body; ProtocolError("bad_frame") if it is not one."""
+    n = body[0] if body else 0
+    if not 0 < n <= MAX_PEER_ID_BYTES or len(body) <= 1 + n:
+        raise ProtocolError("bad_frame", "a notice is an author id and a record")
+    try:
+        author = body[1 : 1 + n].decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad_frame", "the author id is not ASCII") from None
+    return author, body[1 + n :]
+
+
+class NoticeReceiver:
+    """The notice stream handler and its bounds (module docstring); ``counts`` is thread-safe to read."""
+
+    def __init__(self, on_notice: Callable[[bytes, str, str], bool], allow: Callable[[str], bool]):
+        self._on_notice = on_notice
+        self._allow = allow
+        self.counts: Counter[str] = Counter()
+        self._counts_lock = threading.Lock()  # the service counts unknown authors from its own thread
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # sender -> tokens, refilled at
+        self._streams = 0  # loop thread only, like _buckets
+
+    def count(self, outcome: str) -> None:
+        with self._counts_lock:
+            self.counts[outcome] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._counts_lock:
+            return dict(self.counts)
+
+    def _take_token(self, sender: str, now: float) -> bool:
+        tokens, at = self._buckets.pop(sender, (float(NOTICE_BURST), now))
+        tokens = min(float(NOTICE_BURST), tokens + (now - at) * NOTICES_PER_MIN / 60.0)
+        allowed = tokens >= 1.0
+        self._buckets[sender] = (tokens - allowed, now)  # most recently seen last
+        while len(self._buckets) > MAX_NOTICE_SENDERS:
+            self._buckets.popitem(last=False)
+        return allowed
+
+    async def handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read one notice and hand it on; every failure is counted, none escapes."""
+        reading = False
+        try:
+            holder = info.peer_id.to_base58()
+            if self._streams >= MAX_NOTICE_STREAMS or not self._allow(holder):
+                self.count("refused")
+                return
+            if not self._take_token(holder, time.monotonic()):
+                self.count("rate_limited")
+                return
+            self._streams += 1
+            reading = True
+            author, record = parse_notice(await asyncio.wait_for(_read_frame(reader), NOTICE_READ_TIMEOUT_S))
+            self.count("received" if self._on_notice(record, author, holder) else "queue_full")
+        except TimeoutError:
+            self.count("timeout")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.count("bad_frame")  # closed before a whole frame
+        except ProtocolError as exc:
+            self.count("oversize" if exc.reason == "oversize" else "bad_frame")
+        except asyncio.CancelledError:  # shutdown
+            raise
+        except Exception as exc:  # a misbehaving sender must never take the node down
+            self.count("errors")
+            logger.debug("notice stream failed: %r", exc)
+        finally:
+            self._streams -= reading
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    length = parse_frame_header(await reader.readexactly(FRAME_HEADER_BYTES), MAX_NOTICE_BYTES)
+    if length == 0:
+        raise ProtocolError("bad_frame", "an empty notice")
+    return await reader.readexactly(length)
+
+
+async def _send(p2p: Any, peer_id: str, frame: bytes, slots: asyncio.Semaphore) -> bool:
+    """Write ``frame`` on a new notice stream to ``peer_id`` and wait for the receiver to close it (so the
+    frame is not cut off by our close); False on any failure or past NOTICE_SEND_TIMEOUT_S."""
+    from hivemind.p2p import PeerID
+
+    writer = None
+
+    async def exchange() -> None:
+        nonlocal writer
+        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), NOTICE_STREAM)
+        writer.write(frame)
+        await writer.drain()
+        await reader.read(1)  # EOF: the receiver has read the frame
+
+    async with slots:
+        try:
+            await asyncio.wait_for(exchange(), NOTICE_SEND_TIMEOUT_S)
+            return True
+        except Exception as exc:  # unreachable, no such protocol, timeout: the DHT poll is the fallback
+            logger.debug("notice to %s not delivered: %r", peer_id, exc)
+            return False
+        finally:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.close()
+
+
+def notify(transport: Any, peers: list[str], author: str, record: bytes) -> concurrent.futures.Future | None:
+    """Push ``author``'s announcement ``record`` to ``peers`` at once, concurrently (at most
+    MAX_PARALLEL_NOTICE_SENDS streams), without waiting: the future's result is how many took it. None if
+    the transport is not running. A peer that misses it finds the batch at its next DHT poll."""
+    if not peers:
+        return None
+    frame = encode_notice(author, record)
+
+    async def broadcast(p2p: Any) -> int:
+        slots = asyncio.Semaphore(MAX_PARALLEL_NOTICE_SENDS)
+        return sum(await asyncio.gather(*(_send(p2p, peer, frame, slots) for peer in peers)))
+
+    try:
+        return transport.submit(broadcast)
+    except Exception as exc:  # shut down meanwhile
+        logger.debug("notices not sent: %r", exc)
+        return None
+
+
+def notify_one(transport: Any, peer: str, author: str, record: bytes) -> concurrent.futures.Future | None:
+    """One notice to one peer, without waiting. For "I hold this" notices: a node that verified
+    ``author``'s batch tells a peer that cannot reach the author (behind NAT) that it can pull it from us."""
+    return notify(transport, [peer], author, record)

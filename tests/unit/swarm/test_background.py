@@ -1,0 +1,254 @@
+"""The exchange service (swarm.background): concurrent bounded pulls, back-off, size-proportional timeouts,
+holders, and a pool filled while the round loop is busy.
+
+The swarm, its Verifier, PeerBook, pool and the service thread are the real ones; batches are real signed
+messages of real scored reasoning-gym groups. The network under them is ``ScriptedNet``, a stand-in for
+the Transport's DHT reads and ``fetch``: it is what lets a test count pulls in flight exactly and make a
+peer silent for a precise time without a 60 s run. The same behaviours over real libp2p streams are in
+tests/integration/test_exchange_service.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from swarmnode.config import NodeConfig, SwarmConfig
+from swarmnode.errors import TransportError
+from swarmnode.identity import Identity
+from swarmnode.swarm import background, codec, convert, exchange, protocol
+from swarmnode.swarm.verify import roster_extra
+from tests.helpers.verify_world import Peer
+
+
+class ScriptedNet:
+    """DHT records in a dict; ``fetch`` serves, stalls or fails per holder (see the module docstring)."""
+
+    def __init__(self):
+        self.records: dict[str, dict[str, bytes]] = {}
+        self.payloads: dict[bytes, bytes] = {}
+        self.behaviour: dict[str, str] = {}  # holder -> "serve" (default) / "silent" / "unreachable"
+        self.serve_delay_s = 0.0
+        self.calls: list[tuple[str, float, float]] = []  # holder, start (monotonic), timeout_s
+        self.held: list[bytes] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        self.stats = {"dht_read_failed": 0, "dht_store_failed": 0}
+        self.last_read_ok = self.last_write_ok = 0.0
+        self.stream_handlers: dict = {}
+
+    def get_many_records(self, keys, timeout_s=None):
+        return {k: dict(self.records[k]) for k in keys if k in self.records}
+
+    def put_record(self, key, subkey, value, ttl_s, timeout_s=None):
+        self.records.setdefault(key, {})[subkey] = value
+        return True
+
+    def offer(self, digest, data, *, held=False):
+        if held:
+            self.held.append(digest)
+
+    def submit(self, job):
+        raise TransportError("closed", "no notices over the scripted network")
+
+    def fetch(self, peer_id, digest, *, max_bytes, timeout_s):
+        with self.lock:
+            self.calls.append((peer_id, time.monotonic(), timeout_s))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            behaviour = self.behaviour.get(peer_id, "serve")
+            if behaviour == "silent":
+                time.sleep(timeout_s)
+                raise TransportError("timeout", "silent")
+            if behaviour == "unreachable":
+                raise TransportError("unreachable", "gone")
+            time.sleep(self.serve_delay_s)
+            if digest not in self.payloads:
+                raise TransportError("not_found", "not here")
+            return self.payloads[digest]
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def connected_peer_count(self):
+        return 0
+
+    def dht_alive(self):
+        return True
+
+
+class Author:
+    """A peer with a roster card in the scripted DHT that publishes real signed batches."""
+
+    def __init__(self, net: ScriptedNet, swarm_id: str, bank):
+        self.identity = Identity.generate()
+        self.peer_id = self.identity.peer_id
+        self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
+        card = protocol.RosterCard(
+            peer_id=self.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
+            policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=self.next_seq(),
+            extra=roster_extra(bank.fingerprint),
+        )  # fmt: skip
+        key = protocol.roster_keys(swarm_id)[0]
+        net.put_record(key, self.peer_id, codec.encode_message(self.identity, swarm_id, card), 60)
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def publish(self, *, announce: bool = True) -> tuple[bytes, bytes]:
+        """Offer a batch on the scripted network; with ``announce`` store its record in the DHT too."""
+        batch = convert.make_rollout_batch(
+            self.sender.groups(), peer_id=self.peer_id, swarm_id=self.swarm_id, round=self.sender.round,
+            policy_version=0, model_name="tiny", tokenizer_fingerprint="", timestamp=time.time(),
+            seq=self.next_seq(),
+        )  # fmt: skip
+        data = codec.encode_message(self.identity, self.swarm_id, batch)
+        ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
+        record = codec.encode_message(self.identity, self.swarm_id, ann)
+        self.net.payloads[ann.payload_sha256] = data
+        if announce:
+            self.net.put_record(protocol.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, 60)
+        return record, data
+
+
+@pytest.fixture
+def world(tmp_path, bank, monkeypatch):
+    """A real Swarm on the scripted network, its service running; fast timers for short tests."""
+    monkeypatch.setattr(background, "PULL_TIMEOUT_BASE_S", 0.6)
+    monkeypatch.setattr(background, "BACKOFF_BASE_S", 0.8)
+    monkeypatch.setattr(background, "POLL_INTERVAL_S", 0.2)
+    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 0.2)
+    cfg = NodeConfig(swarm=SwarmConfig(share_deadline_s=5.0))
+    swarm = exchange.Swarm(
+        cfg, identity=Identity.generate(), bank=bank,
+        policy=SimpleNamespace(name="tiny", tokenizer_fingerprint="", tokenizer=range(512)),
+        identity_path=tmp_path / "identity.key", run_dir=tmp_path,
+    )  # fmt: skip
+    net = ScriptedNet()
+    swarm.transport = net
+    world = SimpleNamespace(
+        swarm=swarm, net=net, authors=lambda n: [Author(net, swarm.swarm_id, bank) for _ in range(n)]
+    )
+    yield world
+    swarm.service.stop()
+
+
+def wait_until(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def received(swarm) -> int:
+    with swarm.lock:
+        return swarm.counters.batches_received
+
+
+def test_pull_timeout_is_proportional_to_the_announced_size_within_the_cap():
+    base, rate, cap = (
+        background.PULL_TIMEOUT_BASE_S,
+        background.PULL_BYTES_PER_S,
+        background.PULL_TIMEOUT_MAX_S,
+    )
+    assert background.pull_timeout_s(0) == base
+    assert background.pull_timeout_s(rate) == pytest.approx(base + 1.0)
+    assert background.pull_timeout_s(protocol.MAX_FRAME_BYTES) == cap < base + protocol.MAX_FRAME_BYTES / rate
+
+
+def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(world):
+    n = background.MAX_PARALLEL_PULLS + 4
+    world.net.serve_delay_s = 0.4
+    authors = world.authors(n)
+    sizes = {}
+    for author in authors:
+        _, data = author.publish()
+        sizes[author.peer_id] = len(data)
+    world.swarm.service.start()
+    assert wait_until(lambda: received(world.swarm) == n, 20), world.swarm.counters
+    assert world.net.max_in_flight == background.MAX_PARALLEL_PULLS
+    assert {(peer, timeout) for peer, _, timeout in world.net.calls} == {
+        (peer, background.pull_timeout_s(size)) for peer, size in sizes.items()
+    }
+
+
+def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again(world):
+    silent, *honest = world.authors(4)
+    world.net.behaviour[silent.peer_id] = "silent"
+    silent.publish()
+    world.swarm.service.start()
+    t0 = time.monotonic()
+    assert wait_until(lambda: received(world.swarm) == 0 and len(world.net.calls) >= 1, 5)
+    for author in honest:
+        author.publish()
+    assert wait_until(lambda: received(world.swarm) == 3, 5)
+    assert time.monotonic() - t0 < background.PULL_TIMEOUT_BASE_S + 1.0  # not queued behind the silent one
+    assert wait_until(lambda: world.swarm._settled >= {silent.peer_id}, 10)  # given up after its tries
+    tries = [(start, timeout) for peer, start, timeout in world.net.calls if peer == silent.peer_id]
+    assert len(tries) == background.MAX_FETCH_ATTEMPTS == 2
+    (first, timeout), (second, _) = tries
+    assert second >= first + timeout + background.BACKOFF_BASE_S - 0.05  # not before its back-off ended
+    assert world.swarm.counters.fetch_failures == {"timeout": 2}
+
+
+def test_back_off_doubles_per_failure_up_to_its_cap(world):
+    service = world.swarm.service
+    pending = SimpleNamespace(attempts={})
+    delays = []
+    for _ in range(10):
+        before = time.monotonic()
+        service._failed(("a", b"d"), pending, "holder", "timeout", {})
+        delays.append(service._backoff["holder"][0] - before)
+    assert delays[0] == pytest.approx(background.BACKOFF_BASE_S, abs=0.05)
+    assert delays[1] == pytest.approx(2 * background.BACKOFF_BASE_S, abs=0.05)
+    assert max(delays) == pytest.approx(background.BACKOFF_MAX_S, abs=0.05)
+
+
+def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
+    author, holder = world.authors(2)
+    world.net.behaviour[author.peer_id] = "unreachable"
+    record, _ = author.publish(announce=False)  # known only from the holder's notice
+    world.swarm.service.start()
+    assert wait_until(lambda: author.peer_id in world.swarm.service.live, 5)
+    assert world.swarm.service.add_candidate(record, author.peer_id, holder.peer_id)
+    assert wait_until(lambda: received(world.swarm) == 1, 10)
+    assert world.swarm.service.pulls_by_source == {"holder": 1}
+    assert world.swarm.counters.groups_accepted > 0  # verified against the author's signature
+    digest = codec.decode_message(record, swarm_id=world.swarm.swarm_id)[0].payload_sha256
+    assert world.net.held == [digest]  # and now served on by this node too
+
+
+def test_a_batch_published_while_the_round_loop_is_busy_is_verified_before_the_exchange(world):
+    swarm = world.swarm
+    (author,) = world.authors(1)
+    swarm.service.start()
+    assert wait_until(lambda: author.peer_id in swarm.service.live, 5)
+    author.publish()  # while this node is "training": nobody calls exchange
+    assert wait_until(lambda: len(swarm.pool) > 0, 5)
+    started = time.monotonic()
+    chosen = swarm.exchange(1, 0, [])
+    assert time.monotonic() - started < 1.0  # the peer had delivered already: no wait
+    assert chosen and all(g.provenance.producer == author.peer_id for g in chosen)
+
+
+def test_pending_batches_and_back_offs_stay_bounded(world, monkeypatch):
+    monkeypatch.setattr(background, "MAX_PENDING", 3)
+    monkeypatch.setattr(background, "MAX_BACKOFF_PEERS", 5)
+    service = world.swarm.service
+    authors = world.authors(6)
+    for author in authors:
+        record, _ = author.publish(announce=False)
+        with world.swarm.lock:
+            world.swarm.roster[author.peer_id] = None  # known peers (cards are not read here)
+        service._consider(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0)
+    assert len(service._pending) == len(service._by_record) == 3
+    for i in range(20):
+        service._failed(("a", b"d"), SimpleNamespace(attempts={}), f"holder{i}", "timeout", {})
+    assert len(service._backoff) == 5
