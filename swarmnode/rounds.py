@@ -107,6 +107,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     if ctx.before_update is not None:
         ctx.before_update()
     stats = ctx.trainer.step(sequences)
+    ctx.trainer.release_gradients()
     t_train = time.perf_counter()
     sync_seconds = ctx.sampler.sync_weights()
     t_end = time.perf_counter()

@@ -141,3 +141,36 @@ def test_kl_convex_splits_the_penalty_by_the_remix_schedule(sampled):
     assert _train_kl(seqs, convex=True, beta=0.5, updates=2, version=100) != _train_kl(
         seqs, convex=False, beta=0.25, updates=2, version=100
     )
+
+
+def test_a_round_that_trains_leaves_no_gradients_behind():
+    """Gradients live only inside the step: between rounds they would hold the trainable weights' size
+    again through the next sampling and the checkpoint save (the Quick-start's peak memory)."""
+    from swarmnode.config import NodeConfig, SamplingConfig, TasksConfig
+    from swarmnode.rounds import RoundContext, run_round
+    from swarmnode.tasks import TaskBank
+
+    cfg = NodeConfig(
+        model=ModelConfig(name="tiny"),
+        tasks=TasksConfig(mix={"basic_arithmetic": {}}),
+        sampling=SamplingConfig(questions_per_round=1, completions_per_question=4, max_new_tokens=6),
+        train=TRAIN,
+    )
+    policy = load_policy(cfg.model)
+    trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, cfg.train)
+
+    def an_informative_group(_round, local):  # the random tiny model earns no reward of its own
+        return [replace(local[0], rewards=tuple(float(i % 2) for i in range(4)))]
+
+    ctx = RoundContext(
+        cfg=cfg,
+        policy=policy,
+        bank=TaskBank(cfg.tasks, default_seed=0),
+        sampler=HFSampler(policy.model, policy.tokenizer),
+        trainer=trainer,
+        peer_id="p",
+        exchange=an_informative_group,
+    )
+    record = run_round(ctx, 1)
+    assert record["train_tokens"] > 0 and trainer.policy_version == 1
+    assert all(p.grad is None for p in policy.model.parameters())
