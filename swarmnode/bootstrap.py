@@ -150,7 +150,10 @@ def run_bootstrap(cfg: NodeConfig) -> int:
         log(f"bootstrap node up: peer id {identity.peer_id}")
         log("nodes join through it with (list it under swarm.initial_peers):")
         for addr in addrs:
-            log(f"  swarmnode join --peers {addr}")
+            log(f"  swarmnode join --peers {addr} --set swarm.swarm_id=<ID>")
+        # a bootstrap is a DHT node of no swarm: it cannot tell joiners which swarm to join
+        log("it serves any swarm: <ID> is the swarm's name, the same on every node of one swarm (and the "
+            "same --config); without it a node joins the default swarm and may train alone")  # fmt: skip
         while not stop.wait(boot.report_every_s):
             connected, dht = collector.state()
             log(

@@ -9,7 +9,8 @@ a card marked offline, waiting at most ``OFFLINE_PUT_WAIT_S``, so that peers sto
 once instead of at their deadlines.
 
 The same thread notices the usual sign of a wrong swarm id: connections to peers, but no roster card of
-this node's swarm for ``LONELY_AFTER_S``. It says so once, with what to check.
+this node's swarm for ``LONELY_AFTER_S``. It then asks a few connected peers which swarm they are in
+(``swarm.hello``, whose handler it serves) and says so once: the peers' swarm id to pass, or what to check.
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ from typing import Any
 
 from swarmnode.common import log
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
+from swarmnode.swarm import codec, hello, protocol
 from swarmnode.swarm.transport import Transport
 
 logger = logging.getLogger(__name__)
 
 ANNOUNCES_PER_TTL = 4  # re-declarations per record lifetime: a card stays live (< ttl/2 old) through 1 miss
+# Every card is stored for the longest lifetime storing nodes allow (signed timestamp + this): for one
+# subkey the DHT keeps the value that expires last, so no older card (an offline one, replayed) can then
+# outlive a newer one. Readers judge liveness by the card's timestamp (``ttl_s``), not by its expiry.
+RECORD_LIFETIME_S = protocol.MAX_RECORD_TTL_S
 OFFLINE_PUT_WAIT_S = 3.0  # the most a clean shutdown waits for its offline card to be stored
 WATCH_PERIOD_S = 5.0  # the thread wakes at least this often (to stop, and for the wrong-swarm check)
 LONELY_AFTER_S = 30.0  # connected, but no card of our swarm this long: the swarm id is probably wrong
@@ -70,6 +75,8 @@ class Announcer:
         self._thread: threading.Thread | None = None
         self._lonely_since: float | None = None
         self._lonely_said = False
+        self.hello = hello.HelloServer(swarm_id)  # answers peers asking which swarm this node is in
+        transport.stream_handlers[hello.HELLO_STREAM] = self.hello.handle
 
     def set_progress(self, round_: int, policy_version: int) -> None:
         """The round and policy version the next card carries (cheap: called by the round loop)."""
@@ -96,14 +103,12 @@ class Announcer:
         )
 
     def announce(self, *, offline: bool = False, timeout_s: float | None = None) -> bool:
-        """Sign and store a card now; False if the DHT did not take it (the next period tries again).
-
-        An offline card is stored with the same lifetime as the online ones: the DHT keeps, per subkey,
-        the value that expires last, so a shorter one would not replace the online card it follows."""
+        """Sign and store a card now (for RECORD_LIFETIME_S, online or offline); False if the DHT did not
+        take it (the next period tries again)."""
         record = codec.encode_message(self.identity, self.swarm_id, self.card(offline=offline))
         key = protocol.roster_key(self.swarm_id, self.identity.peer_id)
         stored = self.transport.put_record(
-            key, self.identity.peer_id, record, self.ttl_s, timeout_s=timeout_s
+            key, self.identity.peer_id, record, RECORD_LIFETIME_S, timeout_s=timeout_s
         )
         if stored and not offline:
             self.announced += 1
@@ -151,12 +156,31 @@ class Announcer:
             self._lonely_since = now
         elif now - self._lonely_since >= LONELY_AFTER_S:
             self._lonely_said = True
-            log(lonely_line(self.swarm_id, connected, LONELY_AFTER_S))
+            log(lonely_line(self.swarm_id, connected, self._peer_swarms()))
+
+    def _peer_swarms(self) -> list[str]:
+        """The other swarm ids that up to hello.PEERS_ASKED connected peers say they are in."""
+        asked = sorted(self.transport.connected_peers())[: hello.PEERS_ASKED]
+        futures = [self.transport.submit(lambda p2p, peer=peer: hello.ask(p2p, peer)) for peer in asked]
+        answers = set()
+        for future in futures:
+            try:
+                answers.add(future.result(hello.ASK_TIMEOUT_S + 1.0))
+            except Exception:  # the transport stopped meanwhile: this peer cannot tell
+                continue
+        return sorted(swarm for swarm in answers if swarm and swarm != self.swarm_id)
 
 
-def lonely_line(swarm_id: str, connected: int, seconds: float) -> str:
+def lonely_line(swarm_id: str, connected: int, peer_swarms: list[str]) -> str:
+    """What a node in the wrong swarm is told: its peers' swarm id when they said it, else what to check."""
+    if peer_swarms:
+        theirs = ", ".join(repr(swarm) for swarm in peer_swarms)
+        return (
+            f"this node is in swarm {swarm_id!r}, but its connected peers are in {theirs}: to train with "
+            f"them, restart it with --set swarm.swarm_id={peer_swarms[0]} (and their --config)"
+        )
     return (
-        f"connected to {connected} peer(s) for {seconds:.0f}s, but none of them announces itself in swarm "
-        f"{swarm_id!r}: if you meant to join an existing swarm, pass the swarm id its nodes use "
+        f"connected to {connected} peer(s) for {LONELY_AFTER_S:.0f}s, but none of them announces itself in "
+        f"swarm {swarm_id!r}: if you meant to join an existing swarm, pass the swarm id its nodes use "
         "(--set swarm.swarm_id=..., as in the join command the first node printed) and the same --config"
     )

@@ -1,0 +1,109 @@
+"""The announce lifecycle between two real swarm nodes in this process (real hivemind DHTs on 127.0.0.1):
+the roster card is re-declared on the announcer's own timer while no exchange runs, a clean shutdown's
+offline card takes the node out of its peer's roster at once, an old offline card replayed into the DHT
+cannot knock a live node out, and the hello stream tells a peer our swarm id (at a bounded rate)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from swarmnode.config import NodeConfig
+from swarmnode.identity import Identity
+from swarmnode.swarm import codec, hello, protocol
+from swarmnode.swarm.exchange import Swarm
+from swarmnode.tasks import TaskBank
+
+SWARM = "it-announce"
+PERIOD_S = 0.5  # the announcer's timer, short so the test takes seconds (the default is ttl / 4)
+
+
+def _node(tmp_path, name: str, initial_peers: list[str]) -> Swarm:
+    identity = Identity.generate()
+    key = tmp_path / f"{name}.key"
+    identity.save(key)
+    cfg = NodeConfig.model_validate(
+        {
+            "swarm": {"swarm_id": SWARM, "initial_peers": initial_peers, "share_deadline_s": 10},
+            "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
+        }
+    )
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
+    bank = TaskBank(cfg.tasks, default_seed=0)
+    return Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
+
+
+@pytest.fixture
+def pair(tmp_path):
+    a = _node(tmp_path, "a", [])
+    a.announcer.period_s = PERIOD_S
+    started = [a]
+    try:
+        addrs = a.start()
+        b = _node(tmp_path, "b", addrs[:1])
+        started.append(b)
+        b.start()
+        yield a, b
+    finally:
+        for node in started:
+            node.shutdown()
+
+
+def _wait_for(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
+
+
+def test_the_card_is_redeclared_on_its_own_timer_and_withdrawn_at_shutdown(pair):
+    a, b = pair
+    peer = a.identity.peer_id
+    _wait_for(lambda: peer in b._live_peers())
+    first = b.roster[peer]
+    a.announcer.set_progress(7, 3)  # what the round loop does; no exchange runs in this test
+    _wait_for(lambda: peer in b._live_peers() and b.roster[peer].round == 7)
+    latest = b.roster[peer]
+    assert latest.seq > first.seq and latest.timestamp > first.timestamp and latest.policy_version == 3
+    assert a.announcer.announced >= 2
+
+    t_stop = time.monotonic()
+    a.shutdown()  # a clean stop: the offline card first, then the network
+    assert time.monotonic() - t_stop < 15.0
+    assert peer not in b._live_peers() and peer not in b.roster
+
+
+def test_an_old_offline_card_replayed_does_not_knock_a_live_node_out(pair):
+    a, b = pair
+    peer = a.identity.peer_id
+    stale = codec.encode_message(a.identity, SWARM, a.announcer.card(offline=True))  # never stored by a
+    signed_at = time.time()
+    # online cards follow it for longer than the DHT's clock tolerance
+    time.sleep(protocol.RECORD_CLOCK_TOLERANCE_S + 2 * PERIOD_S)
+    _wait_for(lambda: peer in b._live_peers())
+    # the replay, with the latest expiration storing nodes allow for its timestamp
+    lifetime = signed_at + protocol.MAX_RECORD_TTL_S + protocol.RECORD_CLOCK_TOLERANCE_S - 0.5 - time.time()
+    key = protocol.roster_key(SWARM, peer)
+    b.transport.put_record(key, peer, stale, lifetime)
+    for _ in range(3):
+        assert peer in b._live_peers(), b.counters.roster_refused
+        card = codec.decode_message(b.transport.get_records(key)[peer], swarm_id=SWARM)[0]
+        assert not card.offline  # storing nodes kept a's newer online card
+        time.sleep(PERIOD_S)
+
+
+def test_hello_answers_our_swarm_id_at_a_bounded_rate(pair):
+    a, b = pair
+    peer = a.identity.peer_id
+
+    def ask() -> str | None:
+        return b.transport.submit(lambda p2p: hello.ask(p2p, peer)).result(hello.ASK_TIMEOUT_S + 2)
+
+    answers = [ask() for _ in range(hello.MAX_HELLOS_PER_MINUTE + 10)]  # the worst case: asked at once
+    assert answers[0] == SWARM
+    assert answers.count(SWARM) <= hello.MAX_HELLOS_PER_MINUTE
+    assert answers[-1] is None and a.announcer.hello.refused >= 10
