@@ -412,6 +412,11 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
     if dial_saved:  # a saved peer may be gone for good: start anyway, as on a first start
         swarm.transport.must_reach_initial_peers = False
     known = None
+
+    def roster() -> dict:
+        with swarm.lock:  # the exchange service updates it from its own thread
+            return dict(swarm.roster)
+
     try:
         addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
         if dial_saved and not swarm.transport.connected_peer_count():
@@ -424,16 +429,16 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
         for addr in addrs:
             log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
         swarm.wait_for_peers()
-        known.update(swarm.roster)
+        known.update(roster())
 
         def exchange(round_: int, local: list) -> list:
             chosen = swarm.exchange(round_, node.trainer.policy_version, local)
-            known.update(swarm.roster)
+            known.update(roster())
             return chosen
 
         node.run(exchange=exchange, peer_counts=swarm.round_counts)
     finally:
         if known is not None:
-            known.update(swarm.roster)
+            known.update(roster())
         swarm.shutdown()
         node.close()
