@@ -65,14 +65,14 @@ def encode_notice(author: str, record: bytes) -> bytes:
 
 
 def parse_notice(body: bytes) -> tuple[str, bytes]:
-    """(author, record) from a notice body; ProtocolError("bad_frame") if it is not one."""
+    """(author, record) from a notice body; ProtocolError("malformed") if it is not one."""
     n = body[0] if body else 0
     if not 0 < n <= MAX_PEER_ID_BYTES or len(body) <= 1 + n:
-        raise ProtocolError("bad_frame", "a notice is an author id and a record")
+        raise ProtocolError("malformed", "a notice is an author id and a record")
     try:
         author = body[1 : 1 + n].decode("ascii")
     except UnicodeDecodeError:
-        raise ProtocolError("bad_frame", "the author id is not ASCII") from None
+        raise ProtocolError("malformed", "the author id is not ASCII") from None
     return author, body[1 + n :]
 
 
@@ -139,7 +139,7 @@ class NoticeReceiver:
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     length = parse_frame_header(await reader.readexactly(FRAME_HEADER_BYTES), MAX_NOTICE_BYTES)
     if length == 0:
-        raise ProtocolError("bad_frame", "an empty notice")
+        raise ProtocolError("malformed", "an empty notice")
     return await reader.readexactly(length)
 
 
