@@ -9,6 +9,10 @@ once all nodes finish, the two are joined:
 - latency of a (batch, receiver) pair = receiver's "bytes fetched" time - publisher's publish start
   (the moment it began building the signed batch; batch.timestamp is taken microseconds later). All
   nodes run on one machine, so their wall clocks agree. "+verify" adds the receiver's verification.
+  Receivers pull in the background (swarm/background.py); where the time goes: "discover" (publish ->
+  the receiver knew of it, by notice or DHT poll), "queue" (-> its pull began: free pull slots,
+  back-offs), "fetch", "verify"; and how batches were found (notice / poll) and served (a holder that
+  is not the author).
 - "every peer" latency of a batch = the latest of its N-1 arrivals (a missing arrival counts as never);
   "before next round" = that all N-1 arrivals happened before the publisher began its next round
   (its exchange end + train + weight sync).
@@ -42,6 +46,7 @@ from tests.helpers.machine import describe_machine, machine_info
 from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
 REPO = Path(__file__).resolve().parents[1]
+BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver) pair's arrival time goes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,7 +137,8 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
                 failures += 1
                 continue
             arrivals.setdefault((e["peer"], e["round"]), {})[node["peer"]] = e
-    lat, lat_verified, parts = [], [], {k: [] for k in ("idle", "visible", "get", "queue", "fetch", "verify")}
+    lat, lat_verified, parts = [], [], {k: [] for k in BREAKDOWN}
+    sources: dict[str, int] = {"notice": 0, "poll": 0, "holder": 0}
     every, before_next, expected = [], [], 0
     for pub in nodes:
         for r, p in pub["publish"].items():
@@ -152,15 +158,11 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
                 times.append(e["fetched"] - published)
                 lat.append(e["fetched"] - published)
                 lat_verified.append(e["verified"] - published)
-                ex = rec["exchange"].get(e["our_round"])
-                polling_from = max(published, ex["started"] if ex else published)
-                # receiver not polling yet (still sampling or training its own round)
-                parts["idle"].append(polling_from - published)
-                # poll interval, DHT store and get, pulls earlier in the same poll cycle
-                parts["visible"].append(e["seen"] - polling_from)
-                parts["get"].append(e["seen"] - e["get_started"])  # the DHT get that showed it
-                parts["queue"].append(e["fetch_started"] - e["seen"])  # other pulls of the same poll first
+                parts["discover"].append(e["seen"] - published)  # the notice arrived, or the poll showed it
+                parts["queue"].append(e["fetch_started"] - e["seen"])  # pull slots busy, holder backed off
                 parts["fetch"].append(e["fetched"] - e["fetch_started"])
+                sources[e.get("via", "poll")] += 1
+                sources["holder"] += e.get("holder", e["peer"]) != e["peer"]
                 parts["verify"].append(e["verified"] - e["fetched"])
             worst = max(times) if times else float("nan")
             every.append(worst)
@@ -218,6 +220,8 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
         "share_p50_s": median(share_s),
         "net_share_p50_s": median(net_share_s),
         "publish_store_p50_s": median(stores),
+        "found_by_notice": sources["notice"] / len(lat) if lat else float("nan"),
+        "served_by_holder": sources["holder"] / len(lat) if lat else float("nan"),
         "breakdown_p50_s": {k: median(v) for k, v in parts.items()},
         "breakdown_p95_s": {k: pct(v, 95) for k, v in parts.items()},
     }
@@ -255,13 +259,18 @@ def table(results: list[dict]) -> str:
 
 
 def breakdown_table(results: list[dict]) -> str:
-    keys = ("idle", "visible", "get", "queue", "fetch", "verify")
-    head = "| nodes | " + " | ".join(f"{k} p50 / p95" for k in keys) + " | DHT store p50 |"
-    lines = [head, "|" + "|".join(["---"] * (len(keys) + 2)) + "|"]
+    head = (
+        "| nodes | " + " | ".join(f"{k} p50 / p95" for k in BREAKDOWN)
+        + " | DHT store p50 | found by notice | served by a holder |"
+    )  # fmt: skip
+    lines = [head, "|" + "|".join(["---"] * (len(BREAKDOWN) + 4)) + "|"]
     for r in results:
         a = r["analysis"]
-        cells = [f"{fmt(a['breakdown_p50_s'][k])} / {fmt(a['breakdown_p95_s'][k])}" for k in keys]
-        lines.append(f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(a['publish_store_p50_s'])} |")
+        cells = [f"{fmt(a['breakdown_p50_s'][k])} / {fmt(a['breakdown_p95_s'][k])}" for k in BREAKDOWN]
+        lines.append(
+            f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(a['publish_store_p50_s'])} "
+            f"| {fmt(a['found_by_notice'], '%')} | {fmt(a['served_by_holder'], '%')} |"
+        )
     return "\n".join(lines)
 
 
