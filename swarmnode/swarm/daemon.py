@@ -7,6 +7,14 @@ node process dies (``exit_with_parent``, run inside it), reads its stats (``dht_
 and holds the process-level plumbing around it: the listen-port check that runs before p2pd binds
 (``check_listen_ports``), torch's shared-memory manager that hivemind's futures need
 (``connect_shared_memory_manager``) and the start-up watchdog (``dump_stacks_after``).
+
+Circuit relays (libp2p relay v2) let two nodes that cannot be dialled reach each other through one that
+can. Measured in network namespaces (docs/operators.md): it works with hivemind 1.1.12's p2pd when the
+relay runs ``force_reachability="public"``, the NATed node runs ``use_auto_relay`` with the relay as a
+*static* relay, and the relay's address is a public one. hivemind cannot ask p2pd for static relays (it
+never passes ``-relayDiscovery=0``): with discovery on, go-libp2p's autorelay waits for four candidates
+or three minutes before it reserves a slot, so a node behind NAT is unreachable for its first minutes.
+``relay_policy_args`` adds that flag, and the relay-service limits below, to the daemon's command line.
 """
 
 from __future__ import annotations
@@ -36,6 +44,17 @@ if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a DHT start
 logger = logging.getLogger(__name__)
 
 PARENT_CHECK_PERIOD_S = 1.0
+
+# What serving as a relay can cost a public node (p2pd's own defaults in brackets). Every relayed
+# connection needs a reservation by the peer it reaches and counts against both ends' circuits, so at most
+# RELAY_MAX_RESERVATIONS * RELAY_MAX_CIRCUITS_PER_PEER circuits are open, each with two copy buffers:
+# 64 * 4 * 2 * 256 KiB = 128 MiB of memory at worst. Data and time limits reset a circuit (the two peers
+# dial again through a fresh one); a 4 MiB batch fits many times over.
+RELAY_MAX_RESERVATIONS = 64  # peers holding a relay slot, all together and per peer / IP / ASN [128]
+RELAY_MAX_CIRCUITS_PER_PEER = 4  # relayed connections open at once to or from one peer [16]
+RELAY_BUFFER_BYTES = 256 * 1024  # per relayed connection and direction [16 MiB]
+RELAY_DATA_LIMIT_BYTES = 1 << 30  # relayed per connection and direction before it is reset [4 GiB]
+RELAY_TIME_LIMIT_S = 30 * 60  # lifetime of one relayed connection [30 min]
 _CLOCK_RE = re.compile(r"local time must be within .*local: ([0-9.]+), peer: ([0-9.]+)", re.S)
 
 
@@ -58,6 +77,12 @@ def check_initial_peers(initial_peers: list[str], own_peer_id: str) -> list[str]
 
     peers = []
     for addr in initial_peers:
+        if "p2p-circuit" in addr:  # hivemind would take the first /p2p/ of it: the relay, not the node
+            raise TransportError(
+                "bad_address",
+                f"initial peer {addr!r} is a relayed (/p2p-circuit/) address; give a node's direct address "
+                "(a bootstrap's, or a reachable node's) instead",
+            )
         try:
             peer = Multiaddr(addr)["p2p"]
         except Exception:
@@ -90,13 +115,16 @@ def start_dht(
     kwargs: dict[str, Any] = {}
     if swarm.announce_maddrs:
         kwargs["announce_maddrs"] = list(swarm.announce_maddrs)
-    if client:  # look for relays at once instead of waiting for AutoNAT to call this node private
+    if client:  # reserve a relay slot at once instead of waiting for AutoNAT to call this node private
         kwargs.update(use_auto_relay=True, force_reachability="private")
+        if initial_peers:  # the peers it joins through are its relays (those that serve as one)
+            kwargs["trusted_relays"] = list(initial_peers)
     elif swarm.reachability == "public":  # go-libp2p serves as a relay only when public
         kwargs["force_reachability"] = "public"
     if not must_reach_initial_peers:
         kwargs["ensure_bootstrap_success"] = False
     started = time.monotonic()
+    install_relay_policy()
     connect_shared_memory_manager()
     dht = hivemind.DHT(
         initial_peers=initial_peers or None,
@@ -118,6 +146,37 @@ def start_dht(
         raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
     logger.info("DHT up in %.2f s", time.monotonic() - started)
     return dht
+
+
+def relay_policy_args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """p2pd's flags (as hivemind's ``P2P._make_process_args`` gets them) with our relay policy added: static
+    relays only where trusted relays are given, and the relay-service limits (module docstring)."""
+    policy = dict(
+        relayMaxReservations=RELAY_MAX_RESERVATIONS,
+        relayMaxCircuits=RELAY_MAX_CIRCUITS_PER_PEER,
+        relayBufferSize=RELAY_BUFFER_BYTES,
+        relayDataLimit=RELAY_DATA_LIMIT_BYTES,
+        relayTimeLimit=f"{RELAY_TIME_LIMIT_S}s",
+    )
+    if kwargs.get("trustedRelays"):
+        policy["relayDiscovery"] = False
+    return {**kwargs, **policy} if kwargs.get("relay") else kwargs
+
+
+def install_relay_policy() -> None:
+    """Make hivemind start every p2pd of this process with ``relay_policy_args`` (once; inherited by the
+    forked DHT process). hivemind has no parameter for these flags, so this wraps its argument builder."""
+    from hivemind.p2p import P2P
+
+    make_args = P2P._make_process_args
+    if getattr(make_args, "swarmnode_relay_policy", False):
+        return
+
+    def with_relay_policy(*args: Any, **kwargs: Any) -> list[str]:
+        return make_args(*args, **relay_policy_args(kwargs))
+
+    with_relay_policy.swarmnode_relay_policy = True  # type: ignore[attr-defined]
+    P2P._make_process_args = staticmethod(with_relay_policy)
 
 
 def startup_error(

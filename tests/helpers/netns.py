@@ -94,6 +94,11 @@ class Host:
             capture_output=True, timeout=_CMD_TIMEOUT_S,
         )  # fmt: skip
 
+    def tcp_peer_ips(self) -> set[str]:
+        """Remote IPv4 addresses of this host's established TCP connections (``ss``): who it talks to."""
+        out = self.run("ss", "-4tnH", "state", "established")
+        return {line.split()[-1].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()}
+
     def allow_inbound_tcp(self) -> None:
         self.run("nft", "delete", "table", "inet", NFT_TABLE)
 
@@ -116,9 +121,12 @@ class Network:
 
 
 @contextlib.contextmanager
-def make_network(names: Sequence[str], *, net: int = 77) -> Iterator[Network]:
+def make_network(names: Sequence[str], *, net: int = 77, public: bool = False) -> Iterator[Network]:
     """Namespaces ``names`` on one bridge, addresses 10.<net>.0.1, .2, ... in order; removed on exit.
 
+    ``public`` numbers them 11.<net>.0.x instead: libp2p builds a node's relayed addresses only from its
+    relay's *public* addresses (a 10.x relay gives none), so a relay test needs public-looking ones. The
+    namespaces have no route off the bridge either way, so nothing reaches the real 11.0.0.0/8.
     Namespace names carry a random tag, so concurrent tests (and other developers' runs) never collide.
     """
     if len(set(names)) != len(names) or not 0 < len(names) < 250:
@@ -141,7 +149,7 @@ def make_network(names: Sequence[str], *, net: int = 77) -> Iterator[Network]:
                  "netns", switch)  # fmt: skip
             _run("ip", "-n", switch, "link", "set", port, "master", BRIDGE)
             _run("ip", "-n", switch, "link", "set", port, "up")
-            ip = f"10.{net}.0.{i}"
+            ip = f"{11 if public else 10}.{net}.0.{i}"
             _run("ip", "-n", netns, "addr", "add", f"{ip}/24", "dev", HOST_IFACE)
             _run("ip", "-n", netns, "link", "set", HOST_IFACE, "up")
             _run("ip", "-n", netns, "link", "set", "lo", "up")

@@ -1,0 +1,87 @@
+"""Acceptance 2 of #15: two nodes behind NAT (every inbound TCP connection dropped) and one reachable
+node, a bootstrap, each on its own network-namespace "host". Each NATed node trains on the other's groups.
+
+Which path carries them: the circuit relay. Both NATed nodes find at start that peers cannot dial them,
+run in client mode and reserve a relay slot on the bootstrap (their initial peer, started public); each
+pulls the other's batches from the author itself over a stream relayed by the bootstrap. The test checks
+that path from outside the nodes too: neither NATed host ever holds a TCP connection to the other (``ss``),
+only to the bootstrap, and the bootstrap holds no batches, so it cannot have served them as a holder.
+The hosts get public-looking addresses (``public=True``): libp2p makes relayed addresses only from a
+relay's public ones.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.helpers import netns
+from tests.helpers.swarm_procs import read_jsonl, start_bootstrap, start_node
+
+REASON = netns.unavailable_reason(nft=True)
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+SWARM = "it-netns-nat"
+BOOT_PORT = 31337
+ROUNDS = 3
+RUN_LIMIT_S = 300
+SAMPLE_EVERY_S = 1.0
+
+
+def _node_args() -> list[str]:
+    return [
+        "--config", "node_configs/local-swarm.yaml",
+        "--rounds", str(ROUNDS),
+        "--set", f"swarm.swarm_id={SWARM}",
+        "--set", 'swarm.host_maddrs=["/ip4/0.0.0.0/tcp/0"]',
+        "--set", "swarm.min_peers=1",
+        "--set", "swarm.wait_for_peers_s=90",
+        "--set", "swarm.share_deadline_s=8",
+        "--set", "run.checkpoint_every=10",
+    ]  # fmt: skip
+
+
+def test_two_nodes_behind_nat_train_on_each_others_groups_through_a_relay(tmp_path):
+    procs = []
+    try:
+        with netns.make_network(["boot", "a", "b"], net=79, public=True) as net:
+            boot_host = net["boot"]
+            boot = start_bootstrap(tmp_path / "boot", "--port", str(BOOT_PORT), prefix=boot_host.exec_args())
+            procs.append(boot)
+            hint = boot.wait_for_line(f"/ip4/{net['boot'].ip}/tcp/{BOOT_PORT}/p2p/", 60)
+            boot_addr = hint.split("--peers ", 1)[1].split()[0]
+
+            nodes = {}
+            for name in ("a", "b"):
+                net[name].drop_inbound_tcp()
+                nodes[name] = start_node(
+                    tmp_path / name, *_node_args(), peers=[boot_addr], prefix=net[name].exec_args()
+                )
+                procs.append(nodes[name])
+            talked_to: dict[str, set[str]] = {name: set() for name in nodes}
+            deadline = time.monotonic() + RUN_LIMIT_S
+            while any(node.proc.poll() is None for node in nodes.values()) and time.monotonic() < deadline:
+                for name in nodes:  # sampled while they run: whom each holds TCP connections to
+                    talked_to[name] |= net[name].tcp_peer_ips()
+                time.sleep(SAMPLE_EVERY_S)
+            for node in nodes.values():
+                assert node.wait(timeout_s=5) == 0, node.output()
+
+            statuses = {name: node.status() for name, node in nodes.items()}
+            ids = {name: status["peer_id"] for name, status in statuses.items()}
+            for name, other in (("a", "b"), ("b", "a")):
+                node, status = nodes[name], statuses[name]
+                assert "client mode" in node.wait_for_line("reachability:", 1)
+                assert net[name].dropped_syns() >= 1  # the dial-back, at least, really was refused
+                assert status["rejected"] == {}, status
+                # trained on the other NATed node's groups, pulled from it (not from a holder)
+                producers = {line["producer"] for line in read_jsonl(tmp_path / name / "peer_groups.jsonl")}
+                assert producers == {ids[other]}, (producers, node.output())
+                assert "holder" not in status["pulls_by_source"], status["pulls_by_source"]
+                # ... and the bytes went through the bootstrap: never a TCP connection between the two
+                assert talked_to[name] == {net["boot"].ip}, talked_to
+    finally:
+        for proc in procs:
+            proc.stop()
+    assert not [ns for ns in netns.leftover_namespaces() if ns.startswith(net.switch.rsplit("-", 1)[0])]
