@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 1.0  # DHT announcement poll: the floor under notices
+POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys)
 ROSTER_REFRESH_S = 2.0  # the roster (who is live) is re-read this often
 DHT_READ_TIMEOUT_S = 3.0  # one roster read or poll
 MAX_PARALLEL_PULLS = 8
