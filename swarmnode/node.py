@@ -348,12 +348,14 @@ def rejoin_network(swarm: SwarmConfig, known: KnownPeers | None) -> tuple[SwarmC
     (explicit --peers are used alone: docs/operators.md). Returns (settings, whether saved peers are dialed).
     """
     from swarmnode.errors import TransportError
-    from swarmnode.swarm.daemon import check_listen_ports
+    from swarmnode.swarm.daemon import check_initial_peers, check_listen_ports
 
     if known is None:
         return swarm, False
     update: dict = {}
-    port_left_to_chance = all(maddr.rstrip("/").endswith("/tcp/0") for maddr in swarm.host_maddrs)
+    port_left_to_chance = bool(swarm.host_maddrs) and all(
+        maddr.rstrip("/").endswith("/tcp/0") for maddr in swarm.host_maddrs
+    )
     if known.port is not None and port_left_to_chance and not swarm.announce_maddrs:
         previous = [maddr.rstrip("/").removesuffix("/0") + f"/{known.port}" for maddr in swarm.host_maddrs]
         try:
@@ -361,10 +363,16 @@ def rejoin_network(swarm: SwarmConfig, known: KnownPeers | None) -> tuple[SwarmC
             update["host_maddrs"] = previous
         except TransportError:
             log(f"the previous listen port {known.port} is taken: listening on a new one")
-    dial_saved = not swarm.initial_peers and bool(known.peers)
+    saved = []
+    for addr in known.peers:  # a file edited by hand must not stop the start: unparsable ones are dropped
+        try:
+            saved += check_initial_peers([addr], own_peer_id="")
+        except TransportError:
+            continue
+    dial_saved = not swarm.initial_peers and bool(saved)
     if dial_saved:
-        update["initial_peers"] = list(known.peers)
-        log(f"dialing {len(known.peers)} peer(s) this node knew when it last ran ({KNOWN_PEERS_FILE})")
+        update["initial_peers"] = saved
+        log(f"dialing {len(saved)} peer(s) this node knew when it last ran ({KNOWN_PEERS_FILE})")
     return swarm.model_copy(update=update), dial_saved
 
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from swarmnode.config import SwarmConfig
+from swarmnode.identity import Identity
 from swarmnode.node import KnownPeersWriter, join_command, rejoin_network
 from swarmnode.run_folder import (
     KNOWN_PEERS_FILE,
@@ -20,11 +21,9 @@ from swarmnode.run_folder import (
     save_known_peers,
 )
 
-PEER = "/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooWPeer{i}"
-
 
 def _addr(i: int, port: int = 40000) -> str:
-    return PEER.format(port=port + i, i=i)
+    return f"/ip4/127.0.0.1/tcp/{port + i}/p2p/{Identity.from_seed(bytes([i]) * 32).peer_id}"
 
 
 def _free_port() -> int:
@@ -43,7 +42,7 @@ def test_known_peers_round_trip_and_keep_at_most_the_cap(tmp_path):
 
 def test_the_writer_keeps_the_newest_peers_one_direct_address_each_and_writes_only_on_change(tmp_path):
     def card(i: int) -> SimpleNamespace:
-        relay = f"/ip4/10.0.0.1/tcp/1/p2p/12D3KooWRelay/p2p-circuit/p2p/12D3KooWPeer{i}"
+        relay = f"/ip4/10.0.0.1/tcp/1/p2p/12D3KooWRelay/p2p-circuit{_addr(i)[-60:]}"
         return SimpleNamespace(addrs=(relay, _addr(i), _addr(i, port=50000)))
 
     writer = KnownPeersWriter(tmp_path, 41000)
@@ -89,6 +88,13 @@ def test_a_restart_reuses_a_free_previous_port_and_dials_the_saved_peers():
     swarm, dial_saved = rejoin_network(SwarmConfig(), KnownPeers(port, (_addr(1),)))
     assert swarm.host_maddrs == [f"/ip4/127.0.0.1/tcp/{port}"]
     assert swarm.initial_peers == [_addr(1)] and dial_saved
+
+
+def test_saved_addresses_hivemind_cannot_parse_are_not_dialed():
+    swarm, dial_saved = rejoin_network(SwarmConfig(), KnownPeers(None, ("/nonsense/p2p/x", _addr(2))))
+    assert swarm.initial_peers == [_addr(2)] and dial_saved
+    swarm, dial_saved = rejoin_network(SwarmConfig(), KnownPeers(None, ("/nonsense/p2p/x",)))
+    assert swarm.initial_peers == [] and not dial_saved
 
 
 def test_a_taken_previous_port_gives_way_to_a_new_one(capsys):
