@@ -87,7 +87,8 @@ def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
 
         # the victim publishes after the attack, as it does every round
         groups = Peer(victim.identity, victim.verifier.bank).groups(2)
-        victim.publish_roster(1, 0)
+        victim.announcer.set_progress(1, 0)
+        victim.announcer.announce()
         victim.publish(1, 0, groups)
 
         assert reader._live_peers() == {victim.identity.peer_id}
