@@ -136,20 +136,20 @@ class Announcer:
         next_at = time.monotonic() + self.period_s
         while not self._stop.wait(min(WATCH_PERIOD_S, max(next_at - time.monotonic(), 0.0))):
             now = time.monotonic()
-            self._watch_swarm(now)
-            if now >= next_at:
-                next_at = now + self.period_s
-                try:
+            try:
+                self._watch_swarm(now)
+                if now >= next_at:
+                    next_at = now + self.period_s
                     self.announce()
-                except Exception:  # the network edge keeps going; the next period tries again
-                    logger.exception("announcing the roster card failed")
+            except Exception:  # the network edge keeps going; the next period tries again
+                logger.exception("announcer: this period failed")
 
     def _watch_swarm(self, now: float) -> None:
         """Say once when this node has had connections but no peer of its swarm for LONELY_AFTER_S."""
         if self._lonely_said:
             return
-        connected = self.transport.connected_peer_count()
-        if not connected or self.roster_size() > 0:
+        connected = 0 if self.roster_size() > 0 else self.transport.connected_peer_count()  # cheap first
+        if not connected:
             self._lonely_since = None
             return
         if self._lonely_since is None:
