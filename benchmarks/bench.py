@@ -12,9 +12,12 @@ after an untimed warm-up of each), so their ratio holds on a loaded machine; abs
 with the load, which the header reports. Results and their reading: docs/performance.md.
 
 - sample: ``questions`` prompts from ``--config``'s task mix x ``completions`` samples, temperature 1,
-  at most ``max_new_tokens`` each, through the two backends' ``Sampler.sample``; tokens/s = sampled
-  tokens / wall seconds. Also the vLLM engine's start time, ``sync_weights`` seconds, and how far
-  its behaviour log-probs are from the learner's on the same tokens.
+  at most ``max_new_tokens`` each, through the backends' ``Sampler.sample``: ``generate`` (transformers
+  ``generate`` as the hf backend called it before #17, the baseline), ``transformers`` (the hf backend's
+  own decode loop, ``sampler/hf.py``) and vLLM where installed; tokens/s = sampled tokens / wall
+  seconds, ``peak_mib`` = the most memory one call held beyond what was held before it. Also the
+  vLLM engine's start time, ``sync_weights`` seconds, and how far its behaviour log-probs are from
+  the learner's on the same tokens.
 - train: one batch of completions (sampled once, advantages +1/-1 alternating so no group is
   dropped) fed to swarmnode's ``Trainer.step`` and to TRL's ``GRPOTrainer.compute_loss`` (+ backward,
   clipping, the same AdamW step), both DAPO token-level loss, clip 0.2/0.28, no KL, no off-policy
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -51,12 +55,13 @@ import torch
 from benchmarks.common import drop_checkpoints
 from benchmarks.memory import peak_bytes, return_freed_memory
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
-from swarmnode.learn.batch import TrainSequence
+from swarmnode.learn.batch import TrainSequence, left_pad
 from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
 from swarmnode.learn.precision import autocast_dtype, bf16_native
 from swarmnode.learn.trainer import Trainer
 from swarmnode.policy import Policy, embedded_model_folder, load_policy, tokenizer_fingerprint
 from swarmnode.prompts import encode_prompt
+from swarmnode.rollouts import Completion
 from swarmnode.sampler import vllm as vllm_backend
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.tasks import TaskBank
@@ -132,9 +137,47 @@ def cpu_timed(fn):
 # ---------------------------------------------------------------- sample
 
 
+class GenerateSampler(HFSampler):
+    """The baseline: transformers ``generate`` as the hf backend used it before #17 (each prompt prefilled
+    once per sample, every row stepping until the longest ends, every step's logits kept)."""
+
+    @torch.no_grad()
+    def sample(self, prompts, n, *, max_new_tokens, temperature, seed):
+        from transformers import GenerationConfig
+
+        input_ids, attention = left_pad(prompts, self.pad_id)
+        gen_cfg = GenerationConfig(
+            do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+            num_return_sequences=n, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+            return_dict_in_generate=True, output_logits=True,
+        )  # fmt: skip
+        torch.manual_seed(seed)
+        self.model.eval()
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention, generation_config=gen_cfg)
+        new = out.sequences[:, input_ids.shape[1] :]
+        logprobs = torch.stack(
+            [
+                (s.float() / temperature).log_softmax(-1).gather(-1, new[:, t, None])[:, 0]
+                for t, s in enumerate(out.logits)
+            ],
+            dim=1,
+        )
+        groups: list[list[Completion]] = [[] for _ in prompts]
+        for row in range(new.shape[0]):
+            ids = new[row].tolist()
+            length = ids.index(self.eos_id) + 1 if self.eos_id in ids else len(ids)
+            text = self.tokenizer.decode(ids[:length], skip_special_tokens=True)
+            row_logprobs = tuple(logprobs[row, :length].tolist())
+            groups[row // n].append(Completion(text, tuple(ids[:length]), row_logprobs, self.eos_id in ids))
+        return groups
+
+
 def make_samplers(policy: Policy) -> tuple[dict, dict]:
     """The backends to compare, and how the vLLM engine's start went (seconds, or why it is missing)."""
-    samplers = {"transformers": HFSampler(policy.model, policy.tokenizer)}
+    samplers = {
+        "generate": GenerateSampler(policy.model, policy.tokenizer),
+        "transformers": HFSampler(policy.model, policy.tokenizer),
+    }
     reason = vllm_backend.unavailable(policy.model)
     if reason is not None:
         return samplers, {"vllm_missing": reason}
@@ -153,13 +196,18 @@ def bench_sample(args, policy: Policy, samplers: dict) -> dict:
     last = {}
     for sampler in samplers.values():  # warm-up: first-call kernel selection, allocations
         sampler.sample(prompts[:1], 2, max_new_tokens=8, temperature=1.0, seed=0)
+    return_freed_memory()
     for rep in range(args.repeats):
         for name, sampler in samplers.items():
-            groups, seconds, cpu = cpu_timed(
-                lambda s=sampler, r=rep: s.sample(
-                    prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=r
-                )
+            (groups, seconds, cpu), peak = peak_bytes(
+                lambda s=sampler, r=rep: cpu_timed(
+                    lambda: s.sample(
+                        prompts, args.completions, max_new_tokens=args.max_new_tokens, temperature=1.0, seed=r
+                    )
+                ),
+                policy.device,
             )
+            out[f"{name}_peak_mib"] = max(out.get(f"{name}_peak_mib", 0), peak / 2**20)
             totals[name][0] += sum(len(c.token_ids) for g in groups for c in g)
             totals[name][1] += seconds
             totals[name][2] += cpu
@@ -171,6 +219,8 @@ def bench_sample(args, policy: Policy, samplers: dict) -> dict:
     for name, (tokens, seconds, cpu) in totals.items():
         out[f"{name}_tokens"], out[f"{name}_s"], out[f"{name}_cpu_s"] = tokens, seconds, cpu
         out[f"{name}_tok_s"], out[f"{name}_tok_per_cpu_s"] = tokens / seconds, tokens / cpu
+    out["transformers_over_generate"] = out["transformers_tok_s"] / out["generate_tok_s"]
+    out["transformers_over_generate_cpu"] = out["transformers_tok_per_cpu_s"] / out["generate_tok_per_cpu_s"]
     if "vllm" in samplers:
         out["vllm_over_transformers"] = out["vllm_tok_s"] / out["transformers_tok_s"]
         out["vllm_over_transformers_cpu"] = out["vllm_tok_per_cpu_s"] / out["transformers_tok_per_cpu_s"]
@@ -389,14 +439,18 @@ def bench_colocate(args, policy: Policy) -> dict:
 
 def bench_round(args) -> dict:
     """Both backends' solo runs at the same time, so that both meet the same machine load (on a shared
-    machine that load moves more between two consecutive runs than between two concurrent ones)."""
+    machine that load moves more between two consecutive runs than between two concurrent ones). Without
+    vLLM installed only the transformers run is made: a "vllm" run would fall back to transformers and
+    halve the machine for the one being measured."""
+    backends = ("hf", "vllm") if importlib.util.find_spec("vllm") is not None else ("hf",)
     out: dict = {
         "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B",
+        "backends": ", ".join(backends) + ("" if "vllm" in backends else " (vLLM is not installed)"),
         "load_at_start": os.getloadavg()[0],
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
     procs = {}
-    for backend in ("hf", "vllm"):
+    for backend in backends:
         cmd = [
             sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(args.config),
             "--rounds", str(args.rounds), "--run-dir", str(workdir / backend),
@@ -425,7 +479,8 @@ def bench_round(args) -> dict:
             row["sample_tok_s"] = record["sample_tokens_per_s"]
             out[f"{backend}_round{record['round']}"] = row
         out[f"{backend}_rounds_total_s"] = sum(r["seconds_total"] for r in records)
-    out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
+    if "vllm" in procs:
+        out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
     out["run_dirs"] = str(workdir)  # logs and metrics stay for a look; the checkpoints (GBs) do not
     drop_checkpoints([workdir / backend for backend in procs])
     return out

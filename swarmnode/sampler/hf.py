@@ -7,7 +7,8 @@ A decode loop of its own instead of ``generate``, for three costs ``generate`` p
 - a finished completion leaves the batch (as in vLLM) instead of stepping as padding until the longest
   one ends;
 - each step's log-probs are gathered as it goes, where ``generate(output_logits=True)`` keeps every
-  step's [rows, vocabulary] logits until the end (~800 MB for 32 rows x 128 steps x 49k).
+  step's [rows, vocabulary] logits until the end (~800 MB for 32 rows x 128 steps x 49k);
+and prompts go in waves whose KV cache has a named bound (``KV_CACHE_BYTES``).
 The distribution is ``generate``'s plain temperature sampling (no top-k / top-p, so the recorded
 log-probs are exactly the behaviour distribution's); positions are the learner's (padding skipped), so
 the log-probs are the learner's up to float rounding (tests/unit/test_sampler.py).
@@ -23,6 +24,12 @@ from transformers import DynamicCache
 from swarmnode.learn.batch import left_pad
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
+
+# The KV cache of one wave of prompts (and their samples). On a CPU the cache sits beside the weights
+# and AdamW's state in the machine's memory; a wider decode batch buys little there (each step is
+# compute-bound), so waves keep the 3 GB Quick-start within budget at ~no cost in speed (#16,
+# docs/performance.md "Memory of a round"). 32 SmolLM2 rows of 340 + 128 tokens would take 690 MB.
+KV_CACHE_BYTES = 384 * 2**20
 
 
 class HFSampler(Sampler):
@@ -61,11 +68,16 @@ class HFSampler(Sampler):
     @torch.no_grad()
     def decode(self, prompts: Sequence[Sequence[int]], n: int, max_new_tokens: int, pick) -> list:
         """(token ids, log-probs) for ``n`` rows per prompt, prompt-major; ``pick(logits [rows, V])`` returns
-        (next ids [rows], their log-probs [rows]). A row ends after EOS or ``max_new_tokens`` tokens."""
+        (next ids [rows], their log-probs [rows]). A row ends after EOS or ``max_new_tokens`` tokens.
+        Prompts go in waves whose KV cache stays within ``KV_CACHE_BYTES``."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._decode(prompts, n, max_new_tokens, pick)
+            per_token = kv_bytes_per_token(_base(self.model).config, next(self.model.parameters()).dtype)
+            rows = []
+            for wave in waves([len(p) for p in prompts], n, max_new_tokens, per_token):
+                rows += self._decode([prompts[i] for i in wave], n, max_new_tokens, pick)
+            return rows
         finally:
             self.model.train(was_training)
 
@@ -112,6 +124,30 @@ class HFSampler(Sampler):
             ).logits[:, -1]
             next_pos = next_pos + 1
         return list(zip(tokens, logprobs, strict=True))
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token holds in the cache, over all layers."""
+    heads = getattr(config, "num_attention_heads", 1)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * dtype.itemsize
+
+
+def waves(lengths: Sequence[int], n: int, max_new_tokens: int, per_token: int) -> list[list[int]]:
+    """Consecutive runs of prompt indices whose cache -- ``n`` rows per prompt, each as wide as the
+    wave's longest prompt plus ``max_new_tokens`` -- fits ``KV_CACHE_BYTES``; one prompt at least."""
+    out: list[list[int]] = []
+    widest = 0
+    for i, length in enumerate(lengths):
+        wider = max(widest, length)
+        if out and (len(out[-1]) + 1) * n * (wider + max_new_tokens) * per_token <= KV_CACHE_BYTES:
+            out[-1].append(i)
+            widest = wider
+        else:
+            out.append([i])
+            widest = length
+    return out
 
 
 def _base(model):

@@ -8,7 +8,7 @@ from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
-from swarmnode.sampler import make_sampler
+from swarmnode.sampler import hf, make_sampler
 from swarmnode.sampler.hf import HFSampler, argmax_pick
 from swarmnode.sampler.vllm import unavailable
 
@@ -151,3 +151,25 @@ def test_rows_that_finish_leave_the_batch_without_changing_the_others():
         if row not in ended:
             assert ids == free_ids
             assert logp == pytest.approx(free_logp, abs=1e-5)
+
+
+def test_waves_keep_the_kv_cache_within_its_bound_and_change_no_token(monkeypatch):
+    """Prompts are decoded in waves whose cache fits ``KV_CACHE_BYTES``; splitting changes no token."""
+    per_token = 1000
+    assert hf.waves([100, 100, 100, 100], 8, 28, per_token) == [[0, 1, 2, 3]]  # 4 x 8 x 128 x 1000 = 4.1 MB
+    monkeypatch.setattr(hf, "KV_CACHE_BYTES", 2 * 8 * 128 * per_token)
+    assert hf.waves([100, 100, 100, 100], 8, 28, per_token) == [[0, 1], [2, 3]]
+    assert hf.waves([300, 100, 100], 8, 28, per_token) == [[0], [1, 2]]  # 1 x 8 x 328 fits alone
+    sampler = _tiny_sampler("qwen2")
+    prompts = _ragged_prompts(sampler.tokenizer)
+    config = sampler.model.config
+    assert (
+        hf.kv_bytes_per_token(config, torch.float32) == 2 * config.num_hidden_layers * config.hidden_size * 4
+    )
+    together = sampler.decode(prompts, 2, 8, argmax_pick)
+    monkeypatch.setattr(hf, "KV_CACHE_BYTES", 1)  # every prompt its own wave
+    assert hf.waves([len(p) for p in prompts], 2, 8, per_token) == [[0], [1], [2]]
+    apart = sampler.decode(prompts, 2, 8, argmax_pick)
+    assert [ids for ids, _ in apart] == [ids for ids, _ in together]
+    for (_, a), (_, b) in zip(apart, together, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
