@@ -158,16 +158,19 @@ class ExchangeService:
                 self._stop.wait(MAX_IDLE_S)
 
     def _step(self) -> None:
+        """Notices and finished pulls first, then at most one DHT read (they can take seconds on a busy
+        host: a notice never waits behind more than one)."""
         self._wake.clear()
-        if time.monotonic() >= self._next_roster:
-            self._refresh_roster()
-            self._next_roster = time.monotonic() + ROSTER_REFRESH_S
-        if time.monotonic() >= self._next_poll:
-            self._poll()
-            self._next_poll = time.monotonic() + POLL_INTERVAL_S
         self._take_notices()
         self._take_results()
         self._start_pulls()
+        if time.monotonic() >= self._next_roster:
+            self._refresh_roster()
+            self._next_roster = time.monotonic() + ROSTER_REFRESH_S
+        elif time.monotonic() >= self._next_poll:
+            self._poll()
+            self._next_poll = time.monotonic() + POLL_INTERVAL_S
+            self._start_pulls()
         wait = min(self._next_roster, self._next_poll) - time.monotonic()
         self._wake.wait(min(max(wait, 0.0), MAX_IDLE_S))
 
