@@ -107,8 +107,9 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
 
 
 def test_a_peer_that_left_after_publishing_is_not_waited_for(tmp_path, nodes):
-    """b publishes its one round and exits while a is still sampling: a's pull of b's batch fails, and a
-    trains at once instead of waiting out its deadline for a batch that can no longer arrive."""
+    """b publishes its one round and exits while a is still sampling; a trains at once instead of waiting
+    out its deadline. Since #15 a pulls b's batch in the background while it samples (before, its pull
+    inside the exchange failed because b had left): either way b is settled and not waited for."""
     long_deadline = 90.0
     a = start_node(
         tmp_path / "a", *_args("llama", "it-left"),
@@ -132,5 +133,6 @@ def test_a_peer_that_left_after_publishing_is_not_waited_for(tmp_path, nodes):
     assert b.wait(timeout_s=240) == 0, b.output()
     assert a.wait(timeout_s=240) == 0, a.output()
     status = a.status()
-    assert sum(status["fetch_failures"].values()) >= 1, status  # the case under test did happen
+    settled = status["rollouts"]["batches_received"] + sum(status["fetch_failures"].values())
+    assert settled >= 1, status  # b's batch arrived, or its pull failed: b is not waited for
     assert a.metrics()[0]["seconds_share"] < long_deadline / 3, a.output()
