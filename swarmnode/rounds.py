@@ -15,6 +15,7 @@ from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import to_sequences
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
+from swarmnode.memory import return_freed_heap
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup
 from swarmnode.sampler import Sampler
@@ -81,6 +82,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     """Run round ``round_`` and return its metrics record."""
     t0 = time.perf_counter()
     local, sampled_tokens, seconds_score = sample_local(ctx, round_)
+    return_freed_heap()
     t_sample = time.perf_counter()
     if ctx.exchange is not None:
         _say(ctx, "sharing with peers")
@@ -108,6 +110,7 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
         ctx.before_update()
     stats = ctx.trainer.step(sequences)
     ctx.trainer.release_gradients()
+    return_freed_heap()
     t_train = time.perf_counter()
     sync_seconds = ctx.sampler.sync_weights()
     t_end = time.perf_counter()
