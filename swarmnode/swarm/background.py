@@ -67,6 +67,10 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
 MAX_QUEUED_NOTICES = 256  # notices received and not yet checked (the notice handler drops beyond)
+# notices whose author is not in the roster yet (it may have just joined) wait for one roster read,
+# read at once but at most every ROSTER_MIN_GAP_S; beyond this many they are dropped as unknown_author
+MAX_PARKED_NOTICES = 64
+ROSTER_MIN_GAP_S = 0.5
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
 MAX_IDLE_S = 0.25  # the thread looks at back-offs and timers at least this often
 # a peer that announces a payload and then answers "not found" is charged half a strike: an honest node
@@ -113,7 +117,8 @@ class ExchangeService:
         self._in_flight = 0
         self._workers: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
-        self._next_roster = self._next_poll = 0.0
+        self._next_roster = self._next_poll = self._last_roster = 0.0
+        self._parked: list[tuple[bytes, str, str, float]] = []  # notices waiting for the next roster read
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -175,11 +180,15 @@ class ExchangeService:
         self._wake.wait(min(max(wait, 0.0), MAX_IDLE_S))
 
     def _refresh_roster(self) -> None:
+        self._last_roster = time.monotonic()
         live = self.swarm._live_peers(time.monotonic() + DHT_READ_TIMEOUT_S)  # takes swarm.lock itself
         with self.swarm.lock:
             self.live = live
             self.roster_reads += 1
             self.swarm.changed.notify_all()
+        parked, self._parked = self._parked, []
+        for notice in parked:  # their authors had no card here yet: now known, or dropped
+            self._take_notice(notice, park=False)
 
     def _poll(self) -> None:
         swarm = self.swarm
@@ -197,15 +206,21 @@ class ExchangeService:
     def _take_notices(self) -> None:
         for _ in range(MAX_QUEUED_NOTICES):
             try:
-                record, author, holder, received = self._inbox.get_nowait()
+                self._take_notice(self._inbox.get_nowait(), park=True)
             except queue.Empty:
                 return
-            with self.swarm.lock:  # only compatible peers' batches are pulled (the roster holds no others)
-                known = author in self.swarm.roster and holder not in self.swarm._incompatible
-            if not known:
-                self.notices.count("unknown_author")
-                continue
+
+    def _take_notice(self, notice: tuple[bytes, str, str, float], *, park: bool) -> None:
+        record, author, holder, received = notice
+        with self.swarm.lock:  # only compatible peers' batches are pulled (the roster holds no others)
+            known = author in self.swarm.roster and holder not in self.swarm._incompatible
+        if known:
             self._consider(record, author, holder, "notice", received, received)
+        elif park and len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
+            self._parked.append(notice)
+            self._next_roster = min(self._next_roster, self._last_roster + ROSTER_MIN_GAP_S)
+        else:
+            self.notices.count("unknown_author")
 
     def _consider(self, record: bytes, author: str, holder: str, via: str, get_started: float, seen: float):
         """Check an announcement read from the DHT or a notice; a new one becomes pending, a known pending
