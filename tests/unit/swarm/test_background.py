@@ -254,3 +254,19 @@ def test_pending_batches_and_back_offs_stay_bounded(world, monkeypatch):
     for i in range(20):
         service._failed(("a", b"d"), SimpleNamespace(attempts={}), f"holder{i}", "timeout", {})
     assert len(service._backoff) == 5
+
+
+def test_a_notice_from_a_peer_that_just_joined_waits_for_one_roster_read(world, monkeypatch):
+    """The author's card went into the DHT after our last roster read: its notice is parked, the roster
+    read at once, and the batch pulled; a notice whose author has no card is dropped as unknown_author."""
+    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 30.0)
+    swarm = world.swarm
+    swarm.service.start()
+    assert wait_until(lambda: swarm.service.roster_reads >= 1, 5)
+    (author,) = world.authors(1)  # its card is stored now
+    record, _ = author.publish(announce=False)
+    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
+    assert wait_until(lambda: received(swarm) == 1, 5)
+    stranger = Identity.generate().peer_id
+    assert swarm.service.add_candidate(record, stranger, stranger)
+    assert wait_until(lambda: swarm.service.notices.snapshot().get("unknown_author") == 1, 5)
