@@ -5,6 +5,7 @@ cannot knock a live node out, and the hello stream tells a peer our swarm id (at
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -75,6 +76,33 @@ def test_the_card_is_redeclared_on_its_own_timer_and_withdrawn_at_shutdown(pair)
     a.shutdown()  # a clean stop: the offline card first, then the network
     assert time.monotonic() - t_stop < 15.0
     assert peer not in b._live_peers() and peer not in b.roster
+
+
+def test_an_exchange_in_progress_stops_waiting_for_a_node_that_went_offline(pair):
+    a, b = pair
+    peer = a.identity.peer_id
+    deadline_s = 30.0  # what b would wait without the offline card: a never publishes a batch
+    longer = b.cfg.swarm.model_copy(update={"share_deadline_s": deadline_s})
+    b.cfg = b.cfg.model_copy(update={"swarm": longer})
+
+    def a_is_live() -> bool:
+        with b.lock:
+            return peer in b.service.live
+
+    _wait_for(a_is_live)
+    took: list[float] = []
+
+    def exchange() -> None:
+        t0 = time.monotonic()
+        b.exchange(1, 0, [])
+        took.append(time.monotonic() - t0)
+
+    waiting = threading.Thread(target=exchange)
+    waiting.start()
+    time.sleep(1.0)
+    a.shutdown()  # a clean stop, mid-exchange
+    waiting.join(deadline_s + 10)
+    assert took and took[0] < deadline_s / 3, took
 
 
 def test_an_old_offline_card_replayed_does_not_knock_a_live_node_out(pair):
