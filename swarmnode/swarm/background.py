@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING
 
 from swarmnode.common import BoundedSet
 from swarmnode.errors import TransportError
-from swarmnode.swarm import protocol
-from swarmnode.swarm.notices import NoticeReceiver
+from swarmnode.swarm import protocol, reachability
+from swarmnode.swarm.notices import NoticeReceiver, notify
 
 if TYPE_CHECKING:
     from swarmnode.swarm.exchange import Swarm
@@ -95,6 +95,7 @@ class _Pending:
     record_digest: bytes
     attempts: Counter = field(default_factory=Counter)  # per holder
     pulling: bool = False
+    record: bytes = b""  # the author's signed announcement, for notices that offer the batch on
 
 
 class ExchangeService:
@@ -106,6 +107,9 @@ class ExchangeService:
         self.live: set[str] = set()  # guarded by swarm.lock
         self.roster_reads = 0  # guarded by swarm.lock: how often the roster was read (0: not yet)
         self.pulls_by_source: Counter[str] = Counter()  # "notice" / "poll" / "holder": batches pulled
+        # answers peers' dial-back checks and remembers who failed: peers behind NAT, to offer batches to
+        self.dialback = reachability.DialbackServer()
+        swarm.transport.stream_handlers[reachability.DIALBACK_STREAM] = self.dialback.handle
         self._inbox: queue.Queue[tuple[bytes, str, str, float]] = queue.Queue(MAX_QUEUED_NOTICES)
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
         self._wake = threading.Event()
@@ -244,7 +248,9 @@ class ExchangeService:
         while len(self._pending) >= MAX_PENDING:
             self._forget(next(iter(self._pending)))
         holders = [author] if holder == author else [author, holder]
-        self._pending[key] = _Pending(announcement, holders, via, get_started, seen, record_digest)
+        self._pending[key] = _Pending(
+            announcement, holders, via, get_started, seen, record_digest, record=record
+        )
         self._by_record[record_digest] = key
 
     def _forget(self, key: tuple[str, bytes]) -> None:
@@ -354,6 +360,8 @@ class ExchangeService:
         verified = time.time()
         if swarm.verifier.already_accepted(ann.payload_sha256):
             swarm.transport.offer(ann.payload_sha256, data, held=True)  # we hold it now: serve it on
+            if not swarm.transport.client_mode:  # reachable: tell peers behind NAT they can pull it here
+                self._offer_held(key[0], holder, pending.record)
         source = "holder" if holder != key[0] else pending.via
         with swarm.lock:
             self.pulls_by_source[source] += 1
@@ -368,6 +376,15 @@ class ExchangeService:
             swarm._settled.add(key[0])
             swarm.changed.notify_all()
         swarm._trace("batch", **trace, verified=verified, groups=len(fresh), bytes=len(data))
+
+    def _offer_held(self, author: str, served_by: str, record: bytes) -> None:
+        """Notices to at most HOLDER_OFFER_FANOUT live peers behind NAT (reachability.py) that this node
+        holds ``author``'s batch: they may not reach its author, but they reach us."""
+        with self.swarm.lock:
+            live = set(self.live)
+        peers = reachability.holder_offer_targets(self.dialback.behind_nat, live, {author, served_by})
+        if peers:
+            notify(self.swarm.transport, peers, author, record)
 
     def _give_up(self, key: tuple[str, bytes], *, settle: bool = True) -> None:
         """No holder can serve it (or it expired); with ``settle`` its author is not waited for this round."""

@@ -13,6 +13,11 @@ to third parties, and concurrent dial-backs are capped. A plain TCP connect is e
 firewall or NAT blocks, and it costs the answering peer no libp2p handshake.
 
 ``verdict`` turns the answers into reachable / unreachable / unknown (no peer could answer).
+
+The answering side remembers who it could not dial back (``DialbackServer.behind_nat``, at most
+MAX_PEERS_BEHIND_NAT): those peers are behind NAT, and a reachable node that holds a batch offers it to
+them (``holder_offer_targets``, at most HOLDER_OFFER_FANOUT per batch). That is how two NATed nodes
+exchange where no relay can join them (a relay's private address gives no relayed one; docs/operators.md).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Iterable, Sequence
+import random
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal
 
 DIALBACK_STREAM = "/swarmnode/v1/dialback"
@@ -29,6 +36,8 @@ DIAL_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 5.0
 MAX_CONCURRENT_DIALBACKS = 8
 PEERS_ASKED = 3
+MAX_PEERS_BEHIND_NAT = 1024  # peers remembered as not dialable, the least recently checked forgotten first
+HOLDER_OFFER_FANOUT = 8  # peers behind NAT a holder offers one batch to (a notice each)
 
 Verdict = Literal["reachable", "unreachable", "unknown"]
 
@@ -64,6 +73,14 @@ def observed_ip(maddr: str) -> str | None:
         return None
 
 
+def holder_offer_targets(nat_peers: Iterable[str], live: Collection[str], skip: Collection[str]) -> list[str]:
+    """The peers to tell "I hold this batch": behind NAT, live in our roster, not in ``skip`` (its author
+    and whoever served it to us); at most HOLDER_OFFER_FANOUT, drawn at random so that peer ids which
+    asked for dial-backs they could never pass do not always crowd out the same honest ones."""
+    candidates = [peer for peer in nat_peers if peer in live and peer not in skip]
+    return random.sample(candidates, min(len(candidates), HOLDER_OFFER_FANOUT))
+
+
 def verdict(answers: Sequence[bytes | None]) -> Verdict:
     """Reachable if any peer connected to any of our ports; unreachable if peers answered and none
     connected; unknown if no peer answered (none serves the check, or none was asked)."""
@@ -89,6 +106,18 @@ class DialbackServer:
 
     def __init__(self) -> None:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_DIALBACKS)
+        self._behind_nat: OrderedDict[str, None] = OrderedDict()  # on the event loop only
+        self.behind_nat: frozenset[str] = frozenset()  # its snapshot, for any thread to read
+
+    def _remember(self, peer: str, connected: Sequence[bool]) -> None:
+        if any(connected):
+            self._behind_nat.pop(peer, None)
+        else:
+            self._behind_nat[peer] = None
+            self._behind_nat.move_to_end(peer)
+            while len(self._behind_nat) > MAX_PEERS_BEHIND_NAT:
+                self._behind_nat.popitem(last=False)
+        self.behind_nat = frozenset(self._behind_nat)
 
     async def handle(self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -102,6 +131,7 @@ class DialbackServer:
                 raw = await asyncio.wait_for(reader.readexactly(2 * count), REQUEST_TIMEOUT_S)
                 ports = [int.from_bytes(raw[i : i + 2], "big") for i in range(0, len(raw), 2)]
                 results = await asyncio.gather(*(_can_connect(ip, port) for port in ports))
+                self._remember(info.peer_id.to_base58(), results)
                 writer.write(bytes(int(ok) for ok in results))
                 await writer.drain()
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):

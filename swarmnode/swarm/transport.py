@@ -242,7 +242,7 @@ class Transport(PayloadServer):
                 "bad_identity", f"p2pd runs as {self.peer_id}, but the identity file is {expected_peer_id}"
             )
         self.stream_handlers[self.stream_name] = self._handle_stream
-        self.stream_handlers[reachability.DIALBACK_STREAM] = reachability.DialbackServer().handle
+        self.stream_handlers.setdefault(reachability.DIALBACK_STREAM, reachability.DialbackServer().handle)
         for name, handler in self.stream_handlers.items():
             self._call(self._p2p.add_binary_stream_handler(name, handler), timeout)
         # if this process dies without shutdown() (kill -9), the DHT process and p2pd must not linger on

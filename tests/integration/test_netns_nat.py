@@ -27,17 +27,18 @@ BOOT_PORT = 31337
 ROUNDS = 3
 RUN_LIMIT_S = 300
 SAMPLE_EVERY_S = 1.0
+HOLDER_DEADLINE_S = 20
 
 
-def _node_args() -> list[str]:
+def _node_args(*, min_peers: int = 1, share_deadline_s: int = 8) -> list[str]:
     return [
         "--config", "node_configs/local-swarm.yaml",
         "--rounds", str(ROUNDS),
         "--set", f"swarm.swarm_id={SWARM}",
         "--set", 'swarm.host_maddrs=["/ip4/0.0.0.0/tcp/0"]',
-        "--set", "swarm.min_peers=1",
+        "--set", f"swarm.min_peers={min_peers}",
         "--set", "swarm.wait_for_peers_s=90",
-        "--set", "swarm.share_deadline_s=8",
+        "--set", f"swarm.share_deadline_s={share_deadline_s}",
         "--set", "run.checkpoint_every=10",
     ]  # fmt: skip
 
@@ -85,3 +86,46 @@ def test_two_nodes_behind_nat_train_on_each_others_groups_through_a_relay(tmp_pa
         for proc in procs:
             proc.stop()
     assert not [ns for ns in netns.leftover_namespaces() if ns.startswith(net.switch.rsplit("-", 1)[0])]
+
+
+def test_without_a_relay_a_reachable_node_holds_and_offers_each_nat_nodes_batches_to_the_other(tmp_path):
+    """Private addresses (10.x): libp2p makes no relayed addresses, so no circuit can carry the batches.
+    The reachable node r (the swarm's first node, training too) pulls each NATed node's batch over the
+    connection that node opened, verifies it, and offers it to the other NATed node, which pulls it from r:
+    a holder carried it (``pulls_by_source``); r learnt at their dial-back checks that both cannot be
+    dialled. Fails without holder offers: each NATed node then trains on r's groups only."""
+    procs = []
+    try:
+        with netns.make_network(["r", "a", "b"], net=81) as net:
+            fixed_port = f'swarm.host_maddrs=["/ip4/0.0.0.0/tcp/{BOOT_PORT}"]'
+            # every round waits for both peers' batches (the holder path takes a pull from r's offer, after a
+            # timed-out try at the author): without it a NATed node's 3 quick rounds on r's groups alone
+            # could end before the other's batch arrives
+            args = _node_args(min_peers=2, share_deadline_s=HOLDER_DEADLINE_S)
+            # r runs longer than a and b: it serves their batches until they are done
+            r = start_node(tmp_path / "r", *args, "--set", fixed_port, "--rounds", str(ROUNDS + 3),
+                           prefix=net["r"].exec_args())  # fmt: skip
+            procs.append(r)
+            r_addr = r.wait_for_line(f"--peers /ip4/{net['r'].ip}/tcp/{BOOT_PORT}/p2p/", 120)
+            r_addr = r_addr.split("--peers ", 1)[1].split()[0]
+            nodes = {}
+            for name in ("a", "b"):
+                net[name].drop_inbound_tcp()
+                nodes[name] = start_node(tmp_path / name, *args, peers=[r_addr], prefix=net[name].exec_args())
+                procs.append(nodes[name])
+            for node in nodes.values():
+                assert node.wait(timeout_s=RUN_LIMIT_S) == 0, node.output()
+
+            statuses = {name: node.status() for name, node in nodes.items()}
+            ids = {name: status["peer_id"] for name, status in statuses.items()}
+            for name, other in (("a", "b"), ("b", "a")):
+                status = statuses[name]
+                producers = {line["producer"] for line in read_jsonl(tmp_path / name / "peer_groups.jsonl")}
+                assert ids[other] in producers, (producers, status["pulls_by_source"], nodes[name].output())
+                assert status["pulls_by_source"].get("holder", 0) >= 1, status["pulls_by_source"]
+                # a holder's offer may carry an older announcement than one already read from the DHT:
+                # that one is refused as a replay (of seq), nothing else may be
+                assert set(status["rejected"]) <= {"replay"}, status
+    finally:
+        for proc in procs:
+            proc.stop()

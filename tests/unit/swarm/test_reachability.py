@@ -2,7 +2,17 @@
 
 import pytest
 
-from swarmnode.swarm.reachability import MAX_PORTS, encode_request, observed_ip, tcp_ports, verdict
+from swarmnode.swarm.reachability import (
+    HOLDER_OFFER_FANOUT,
+    MAX_PEERS_BEHIND_NAT,
+    MAX_PORTS,
+    DialbackServer,
+    encode_request,
+    holder_offer_targets,
+    observed_ip,
+    tcp_ports,
+    verdict,
+)
 
 
 def test_request_is_a_count_then_big_endian_ports():
@@ -44,3 +54,24 @@ def test_observed_ip_only_for_direct_ip_addresses():
 )
 def test_verdict(answers, expected):
     assert verdict(answers) == expected
+
+
+def test_the_dialback_server_remembers_peers_it_could_not_reach_within_its_bound():
+    server = DialbackServer()
+    flood = [f"12D3KooWPeer{i}" for i in range(2 * MAX_PEERS_BEHIND_NAT)]  # one peer id per request
+    for peer in flood:
+        server._remember(peer, [False, False])
+    assert len(server.behind_nat) == MAX_PEERS_BEHIND_NAT
+    assert flood[-1] in server.behind_nat and flood[0] not in server.behind_nat  # the oldest went first
+    server._remember(flood[-1], [False, True])  # reachable on one port after all: not behind NAT
+    assert flood[-1] not in server.behind_nat
+
+
+def test_a_holder_offers_a_batch_to_at_most_the_fanout_of_live_nat_peers_other_than_author_and_server():
+    nat = {f"nat{i}" for i in range(3 * HOLDER_OFFER_FANOUT)} | {"author", "served_by", "gone"}
+    live = nat - {"gone"}
+    targets = holder_offer_targets(nat, live, {"author", "served_by"})
+    assert len(targets) == HOLDER_OFFER_FANOUT == len(set(targets))
+    assert not {"author", "served_by", "gone"} & set(targets) and set(targets) <= live
+    assert holder_offer_targets({"nat0"}, {"nat0"}, set()) == ["nat0"]
+    assert holder_offer_targets(set(), live, set()) == []
