@@ -109,8 +109,8 @@ class Swarm:
 
     def shutdown(self) -> None:
         """Put the offline card (a short bounded wait), then stop the transport."""
+        self.announcer.stop()  # first: peers stop waiting for us as early as possible
         self.service.stop()
-        self.announcer.stop()
         self.transport.shutdown()
 
     def _next_seq(self) -> int:
