@@ -4,8 +4,9 @@ A bootstrap node is what a public network's config lists: it must keep one addre
 listens on a fixed port and keeps its identity in a key file (the ``/p2p/`` part of its address). It joins
 the other bootstraps of the config when they answer and starts alone when none does (the first one).
 It runs with ``swarm.reachability=public``: it never checks itself, and go-libp2p then offers circuit relays
-to client-mode nodes. Every node also answers the dial-back check (reachability.py), so a bootstrap serves
-it too.
+to client-mode nodes (they take their initial peers as static relays), within the relay-service limits that
+``swarm.daemon`` sets (``RELAY_*``: 128 MiB of relay buffers at worst). Every node also answers the
+dial-back check (reachability.py), so a bootstrap serves it too.
 
 Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
 it stores for the DHT, libp2p connections, the process collector, and ``swarmnode_dht_alive`` /
