@@ -398,38 +398,56 @@ class KnownPeersWriter:
                 log(f"could not save {KNOWN_PEERS_FILE} ({exc}); a restart may not find the swarm")
 
 
-def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
-    """Join a swarm: start the transport (on the previous port and through the previous peers after a
-    restart), print how others join through this node, wait for the peers the config asks for, then run
-    rounds that share rollouts. The swarm shuts down on the way out (an offline card, then the network).
-    ``config_path``: the YAML the node was started with, named in the join hint."""
+def _start_swarm(node: Node, cfg: NodeConfig):
+    """Make and start this node's Swarm: on the previous port and through the previous peers after a
+    restart (``rejoin_network``); if none of those peers answers, as on a first start, said in one line.
+    Returns (swarm, its addresses)."""
+    from swarmnode.errors import TransportError
     from swarmnode.swarm.exchange import Swarm  # hivemind and the network stack only for swarm nodes
+
+    def start(settings: SwarmConfig):
+        swarm = Swarm(
+            cfg.model_copy(update={"swarm": settings}),
+            identity=node.identity,
+            bank=node.bank,
+            policy=node.policy,
+            identity_path=node.identity_path,
+            run_dir=node.run_dir,
+            on_status=lambda status: setattr(node.metrics, "swarm", status),
+        )
+        try:
+            return swarm, swarm.start(node.completed_rounds, node.trainer.policy_version)
+        except BaseException:
+            swarm.shutdown()
+            raise
+
+    settings, dial_saved = rejoin_network(cfg.swarm, load_known_peers(node.run_dir))
+    try:
+        return start(settings)
+    except TransportError as exc:
+        if not (dial_saved and exc.reason == "unreachable"):
+            raise
+        tried = len(settings.initial_peers)
+        log(f"none of the {tried} saved peer(s) answered: this node starts a new swarm, as on a first start")
+        return start(cfg.swarm)
+
+
+def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
+    """Join a swarm: start the transport (``_start_swarm``), print how others join through this node, wait
+    for the peers the config asks for, then run rounds that share rollouts, keeping ``known_peers.json``
+    up to date. The swarm shuts down on the way out (an offline card, then the network).
+    ``config_path``: the YAML the node was started with, named in the join hint."""
     from swarmnode.swarm.reachability import tcp_ports
 
     node = Node(cfg)
-    swarm_settings, dial_saved = rejoin_network(cfg.swarm, load_known_peers(node.run_dir))
-    swarm = Swarm(
-        cfg.model_copy(update={"swarm": swarm_settings}),
-        identity=node.identity,
-        bank=node.bank,
-        policy=node.policy,
-        identity_path=node.identity_path,
-        run_dir=node.run_dir,
-        on_status=lambda status: setattr(node.metrics, "swarm", status),
-    )
-    if dial_saved:  # a saved peer may be gone for good: start anyway, as on a first start
-        swarm.transport.must_reach_initial_peers = False
-    known = None
+    swarm = known = None
 
     def roster() -> dict:
         with swarm.lock:  # the exchange service updates it from its own thread
             return dict(swarm.roster)
 
     try:
-        addrs = swarm.start(node.completed_rounds, node.trainer.policy_version)
-        if dial_saved and not swarm.transport.connected_peer_count():
-            tried = len(swarm_settings.initial_peers)
-            log(f"none of the {tried} saved peer(s) answered: this node starts a new swarm")
+        swarm, addrs = _start_swarm(node, cfg)
         known = KnownPeersWriter(node.run_dir, next(iter(tcp_ports(addrs)), None))
         log(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}")
         log(f"reachability: {swarm.transport.reachability_note}")
@@ -448,5 +466,6 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
     finally:
         if known is not None:
             known.update(roster())
-        swarm.shutdown()
+        if swarm is not None:
+            swarm.shutdown()
         node.close()

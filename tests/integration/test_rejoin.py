@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
 
+from swarmnode.identity import Identity
+from swarmnode.run_folder import KNOWN_PEERS_FILE, KnownPeers, load_known_peers, save_known_peers
 from swarmnode.swarm.announcer import LONELY_AFTER_S
 from swarmnode.swarm.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, SHARE_TRACE_FILE
 from tests.helpers.swarm_procs import NodeProc, read_jsonl, start_node
@@ -115,3 +118,20 @@ def test_the_first_node_restarted_with_the_same_command_rejoins_and_its_clean_st
     except AssertionError as exc:
         problems.append(str(exc)[:2000])
     assert not problems, "\n".join(problems)
+
+
+def test_a_restart_whose_saved_peers_are_all_gone_starts_anyway_and_says_so(tmp_path, nodes):
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        gone = f"/ip4/127.0.0.1/tcp/{sock.getsockname()[1]}/p2p/{Identity.generate().peer_id}"
+    run_dir = tmp_path / "a"
+    run_dir.mkdir()
+    save_known_peers(run_dir, KnownPeers(None, (gone,)))
+    a = start_node(
+        run_dir, "--config", "node_configs/tiny.yaml", "--rounds", "1", "--set", f"swarm.swarm_id={SWARM}"
+    )
+    nodes.append(a)
+    a.wait_for_line(f"dialing 1 peer(s) this node knew when it last ran ({KNOWN_PEERS_FILE})", 120)
+    a.wait_for_line("none of the 1 saved peer(s) answered: this node starts a new swarm", 120)
+    assert a.wait(240) == 0, a.output()
+    assert load_known_peers(run_dir).peers == ()  # it ran alone: no peer to remember now
