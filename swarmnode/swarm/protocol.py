@@ -286,9 +286,19 @@ class RosterCard:
             addrs=r.strs("addrs", MAX_ADDRS, MAX_ADDR_BYTES, ADDR_RE),
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
-            offline=r.bool(OFFLINE_FIELD) if OFFLINE_FIELD in r.d else False,
+            offline=_offline(r),
             extra=r.extra(),
         )
+
+
+def _offline(r: Reader) -> bool:
+    """The optional offline flag: absent (online) or true; false is refused so that every card decodes
+    to exactly one encoding."""
+    if OFFLINE_FIELD not in r.d:
+        return False
+    if not r.bool(OFFLINE_FIELD):
+        raise r.fail(OFFLINE_FIELD, "present only as true (absent means online)")
+    return True
 
 
 @dataclass(frozen=True)

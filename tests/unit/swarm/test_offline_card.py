@@ -26,8 +26,9 @@ def test_an_offline_card_round_trips_and_an_online_one_does_not_carry_the_field(
     assert codec.encode_message(identity, "s", card) == data
 
 
-@pytest.mark.parametrize("value", [1, "true", None])
-def test_an_offline_field_that_is_not_a_boolean_is_rejected(value):
+@pytest.mark.parametrize("value", [1, "true", None, False])
+def test_an_offline_field_other_than_true_is_rejected(value):
+    """Not a boolean; or false, which is never written (absent means online): one encoding per card."""
     identity = Identity.generate()
     body = {**_card(identity).to_body(), protocol.OFFLINE_FIELD: value}
     body_bytes = codec.canonical_packb(body)
