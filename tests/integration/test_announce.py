@@ -13,7 +13,7 @@ import pytest
 
 from swarmnode.config import NodeConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, hello, protocol
+from swarmnode.swarm import announcer, codec, hello, protocol
 from swarmnode.swarm.exchange import Swarm
 from swarmnode.tasks import TaskBank
 
@@ -21,13 +21,13 @@ SWARM = "it-announce"
 PERIOD_S = 0.5  # the announcer's timer, short so the test takes seconds (the default is ttl / 4)
 
 
-def _node(tmp_path, name: str, initial_peers: list[str]) -> Swarm:
+def _node(tmp_path, name: str, initial_peers: list[str], swarm_id: str = SWARM) -> Swarm:
     identity = Identity.generate()
     key = tmp_path / f"{name}.key"
     identity.save(key)
     cfg = NodeConfig.model_validate(
         {
-            "swarm": {"swarm_id": SWARM, "initial_peers": initial_peers, "share_deadline_s": 10},
+            "swarm": {"swarm_id": swarm_id, "initial_peers": initial_peers, "share_deadline_s": 10},
             "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
         }
     )
@@ -135,3 +135,23 @@ def test_hello_answers_our_swarm_id_at_a_bounded_rate(pair):
     assert answers[0] == SWARM
     assert answers.count(SWARM) <= hello.MAX_HELLOS_PER_MINUTE
     assert answers[-1] is None and a.announcer.hello.refused >= 10
+
+
+def test_a_node_joined_through_another_swarm_is_told_its_peers_swarm_id(pair, tmp_path, monkeypatch, capfd):
+    a, _ = pair
+    monkeypatch.setattr(announcer, "LONELY_AFTER_S", 2.0)  # 30 s in a node: shortened, the check is the same
+    monkeypatch.setattr(announcer, "WATCH_PERIOD_S", 0.5)
+    lost = _node(tmp_path, "lost", a.addrs[:1], swarm_id="elsewhere")
+    said: list[str] = []
+
+    def told() -> bool:
+        said.append(capfd.readouterr().err)
+        return "this node is in swarm 'elsewhere'" in "".join(said)
+
+    try:
+        lost.start()
+        _wait_for(told, 30.0)
+    finally:
+        lost.shutdown()
+    line = next(line for line in "".join(said).splitlines() if "this node is in swarm" in line)
+    assert f"its connected peers are in '{SWARM}'" in line and f"--set swarm.swarm_id={SWARM}" in line
