@@ -224,9 +224,8 @@ class Swarm:
                 except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
                     self.counters.roster_refused[exc.reason] += 1
                     continue
-                if (
-                    card.offline
-                ):  # it stopped cleanly: not waited for, until a later online card says otherwise
+                # it stopped cleanly: not waited for, until a later online card says otherwise
+                if card.offline:
                     self.roster.pop(peer, None)
                     continue
                 self.roster[peer] = card
