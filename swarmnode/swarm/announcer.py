@@ -40,9 +40,9 @@ STOP_JOIN_S = 15.0  # a put in flight when stop() is called ends within the tran
 
 
 class Announcer:
-    """Puts this node's roster card into the DHT at ``start``, every ``period_s`` after, and an offline
-    card at ``stop``. ``roster_size`` (the peers of our swarm currently known) feeds the wrong-swarm check.
-    """
+    """Puts this node's roster card into the DHT at ``start``, every ``period_s`` (``ttl_s`` /
+    ANNOUNCES_PER_TTL) after, and an offline card at ``stop``. ``roster_size`` (the peers of our swarm
+    currently known) feeds the wrong-swarm check."""
 
     def __init__(
         self,
@@ -55,7 +55,6 @@ class Announcer:
         extra: Mapping[str, Any],
         ttl_s: float,
         roster_size: Callable[[], int],
-        period_s: float | None = None,
     ):
         self.transport = transport
         self.identity = identity
@@ -64,10 +63,10 @@ class Announcer:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.extra = dict(extra)
         self.ttl_s = ttl_s
-        self.period_s = ttl_s / ANNOUNCES_PER_TTL if period_s is None else period_s
+        self.period_s = ttl_s / ANNOUNCES_PER_TTL
         self.roster_size = roster_size
         self.addrs: tuple[str, ...] = ()
-        self.announced = 0  # cards stored (online ones), for tests and status
+        self.announced = 0  # online cards stored (a count to check the timer by)
         self._progress = (0, 0)  # (round, policy version) the next card carries
         self._lock = threading.Lock()
         self._seq = 0
