@@ -453,7 +453,8 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
         log(f"reachability: {swarm.transport.reachability_note}")
         log("others can join through this node with:")
         for addr in addrs:
-            log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
+            if "/p2p-circuit" not in addr:  # a relayed address is refused as an initial peer
+                log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
         swarm.wait_for_peers()
         known.update(roster())
 
