@@ -232,9 +232,14 @@ class Verifier:
         self._internal_errors_logged = False
 
     # --- DHT records -----------------------------------------------------------------------------
-    def check_announcement(self, record: bytes, subkey_peer: str) -> BatchAnnouncement | None:
+    def check_announcement(
+        self, record: bytes, subkey_peer: str, *, relayed: bool = False
+    ) -> BatchAnnouncement | None:
         """The announcement in a DHT ``record`` stored under ``subkey_peer``, or None (rejected, counted;
-        or a record already seen, not counted). Never charges a peer: anyone can write any subkey."""
+        or a record already seen, not counted). Never charges a peer: anyone can write any subkey.
+
+        ``relayed``: the record came from a holder, not its author. A holder may well pass on an older
+        announcement after the author's newer one arrived; that is superseded, not a replay by the author."""
         seen = None
         try:
             if not isinstance(record, bytes | bytearray | memoryview):
@@ -258,6 +263,8 @@ class Verifier:
                 return None
             return msg
         except (ProtocolError, _Rejected) as e:
+            if relayed and e.reason == "replay":
+                return None
             self._count(e.reason, subkey_peer, e.detail)
             if seen is not None and e.reason not in _RECHECKED:
                 self._rejected_records.add(seen)

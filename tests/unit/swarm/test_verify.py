@@ -181,6 +181,17 @@ def test_replayed_older_announcement_is_replay(node: Node, honest: Peer) -> None
     assert not node.book.is_banned(HONEST.peer_id)  # anyone can write an old signed record back
 
 
+def test_an_older_announcement_passed_on_by_a_holder_is_superseded_not_a_replay(
+    node: Node, honest: Peer
+) -> None:
+    old_record, _ = honest.publish()
+    new_record, _ = honest.publish()
+    assert node.verifier.check_announcement(new_record, HONEST.peer_id) is not None
+    # a holder offers the author's previous batch after the newer one was read: not pulled, not counted
+    assert node.verifier.check_announcement(old_record, HONEST.peer_id, relayed=True) is None
+    assert node.verifier.rejections == {}
+
+
 def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
     batch = honest.batch()
     data = codec.encode_message(HONEST, SWARM, batch)
