@@ -25,11 +25,13 @@ from swarmnode.learn.batch import left_pad
 from swarmnode.rollouts import Completion
 from swarmnode.sampler.base import Sampler
 
-# The KV cache of one wave of prompts (and their samples). On a CPU the cache sits beside the weights
-# and AdamW's state in the machine's memory; a wider decode batch buys little there (each step is
-# compute-bound), so waves keep the 3 GB Quick-start within budget at ~no cost in speed (#16,
-# docs/performance.md "Memory of a round"). 32 SmolLM2 rows of 340 + 128 tokens would take 690 MB.
-KV_CACHE_BYTES = 384 * 2**20
+# The KV cache of one wave of prompts (and their samples), 46 KB a token for SmolLM2 in fp32. It sits
+# beside the weights and AdamW's moments; 512 MiB keeps sampling below the training step's peak (which
+# adds the gradients, 0.54 GB, and the activations), so the round's peak stays the step's (#16,
+# docs/performance.md "Memory and time of a Quick-start round"). A decode step costs about the same
+# for 16 rows as for 32 on a CPU, so a second wave nearly doubles the decode steps: one wave holds
+# 4 x 8 rows of prompts up to ~230 tokens (+128 new), 3 x 8 up to ~340.
+KV_CACHE_BYTES = 512 * 2**20
 
 
 class HFSampler(Sampler):
@@ -74,9 +76,11 @@ class HFSampler(Sampler):
         self.model.eval()
         try:
             per_token = kv_bytes_per_token(_base(self.model).config, next(self.model.parameters()).dtype)
-            rows = []
+            rows: list = [None] * (len(prompts) * n)
             for wave in waves([len(p) for p in prompts], n, max_new_tokens, per_token):
-                rows += self._decode([prompts[i] for i in wave], n, max_new_tokens, pick)
+                done = self._decode([prompts[i] for i in wave], n, max_new_tokens, pick)
+                for k, i in enumerate(wave):
+                    rows[i * n : (i + 1) * n] = done[k * n : (k + 1) * n]
             return rows
         finally:
             self.model.train(was_training)
@@ -135,18 +139,16 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 
 
 def waves(lengths: Sequence[int], n: int, max_new_tokens: int, per_token: int) -> list[list[int]]:
-    """Consecutive runs of prompt indices whose cache -- ``n`` rows per prompt, each as wide as the
-    wave's longest prompt plus ``max_new_tokens`` -- fits ``KV_CACHE_BYTES``; one prompt at least."""
+    """Prompt indices in waves, shortest prompts first, each wave's cache -- ``n`` rows per prompt, each
+    as wide as the wave's longest prompt plus ``max_new_tokens`` -- within ``KV_CACHE_BYTES``; one
+    prompt at least. Sorting keeps similar lengths together, so few waves and little padding."""
     out: list[list[int]] = []
-    widest = 0
-    for i, length in enumerate(lengths):
-        wider = max(widest, length)
-        if out and (len(out[-1]) + 1) * n * (wider + max_new_tokens) * per_token <= KV_CACHE_BYTES:
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        # sorted: the newcomer is the wave's widest prompt
+        if out and (len(out[-1]) + 1) * n * (lengths[i] + max_new_tokens) * per_token <= KV_CACHE_BYTES:
             out[-1].append(i)
-            widest = wider
         else:
             out.append([i])
-            widest = length
     return out
 
 

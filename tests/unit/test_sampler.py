@@ -159,7 +159,7 @@ def test_waves_keep_the_kv_cache_within_its_bound_and_change_no_token(monkeypatc
     assert hf.waves([100, 100, 100, 100], 8, 28, per_token) == [[0, 1, 2, 3]]  # 4 x 8 x 128 x 1000 = 4.1 MB
     monkeypatch.setattr(hf, "KV_CACHE_BYTES", 2 * 8 * 128 * per_token)
     assert hf.waves([100, 100, 100, 100], 8, 28, per_token) == [[0, 1], [2, 3]]
-    assert hf.waves([300, 100, 100], 8, 28, per_token) == [[0], [1, 2]]  # 1 x 8 x 328 fits alone
+    assert hf.waves([300, 100, 100], 8, 28, per_token) == [[1, 2], [0]]  # shortest first; 300 alone
     sampler = _tiny_sampler("qwen2")
     prompts = _ragged_prompts(sampler.tokenizer)
     config = sampler.model.config
@@ -173,3 +173,8 @@ def test_waves_keep_the_kv_cache_within_its_bound_and_change_no_token(monkeypatc
     assert [ids for ids, _ in apart] == [ids for ids, _ in together]
     for (_, a), (_, b) in zip(apart, together, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
+    # waves go shortest first; the rows still come back in the caller's prompt order
+    longest_first = sampler.decode(prompts[::-1], 2, 8, argmax_pick)
+    assert [ids for ids, _ in longest_first] == [
+        ids for ids, _ in together[4:] + together[2:4] + together[:2]
+    ]
