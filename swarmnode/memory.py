@@ -6,13 +6,11 @@ predictable: the weights, their gradients and AdamW's two moments (4 x the train
 on top of the frozen ones), plus the activations of one micro-batch, which grow with
 ``train.token_budget`` and shrink a lot with ``model.gradient_checkpointing``. The activation figures
 per token and layer are measured on SmolLM2-135M (docs/performance.md, "Memory"), so this is an
-estimate to warn by, not a bound. ``return_freed_heap`` is what the round calls between its phases, so
-each phase's peak stands on live memory rather than on the last phase's allocator leftovers.
+estimate to warn by, not a bound.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,19 +67,6 @@ def estimate(model: torch.nn.Module, train: TrainConfig) -> MemoryEstimate:
     checkpointed = bool(getattr(model, "is_activation_checkpointing", False))
     activations = _activation_bytes(model, train, checkpointed)
     return MemoryEstimate(weights, 3 * trainable, activations, checkpointed=checkpointed)
-
-
-def return_freed_heap() -> None:
-    """Give the heap pages freed by the last phase of a round back to the system (glibc ``malloc_trim``).
-
-    glibc keeps freed memory mapped in its heaps, so after sampling (a KV cache grown step by step) or a
-    training step (activations, temporaries) the resident set stays near that phase's peak, and the
-    next phase's peak lands on top of what the allocator cannot reuse. A no-op without glibc.
-    """
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def available_bytes() -> int | None:

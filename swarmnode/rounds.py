@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import to_sequences
+from swarmnode.learn.heap import return_freed_heap
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
-from swarmnode.memory import return_freed_heap
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup
 from swarmnode.sampler import Sampler

@@ -33,6 +33,7 @@ import torch
 from swarmnode.config import OffPolicyConfig, TrainConfig
 from swarmnode.learn.batch import PaddedBatch, TrainSequence, microbatches, pad_batch
 from swarmnode.learn.grpo import LossTerms, kl_penalty
+from swarmnode.learn.heap import return_freed_heap
 from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
 from swarmnode.learn.precision import autocast_dtype
@@ -197,6 +198,7 @@ class Trainer:
                     loss = loss + prev_kl
                 loss.backward()
                 totals.add(terms, correction.stats)
+            return_freed_heap()  # the backward passes' activations, before AdamW's temporaries
             kept = max(totals.kept_tokens, 1.0)
             for p in self.params:
                 if p.grad is not None:

@@ -7,6 +7,7 @@ import torch
 
 from swarmnode import memory
 from swarmnode.config import ModelConfig, TinyModelConfig, TrainConfig
+from swarmnode.learn.heap import return_freed_heap
 from swarmnode.policy import load_policy
 
 TINY = ModelConfig(name="tiny", tiny=TinyModelConfig(family="llama"))
@@ -58,6 +59,6 @@ def test_freed_heap_goes_back_to_the_system_between_phases():
     pin = torch.ones(25_000)  # live above them: the heap top cannot shrink on its own
     del blocks
     held = _rss()
-    memory.return_freed_heap()
+    return_freed_heap()
     assert _rss() < held - 150 * 2**20
     del pin
