@@ -98,6 +98,12 @@ def check_initial_peers(initial_peers: list[str], own_peer_id: str) -> list[str]
     return peers
 
 
+# p2pd exits when its one try at the initial peers fails; on a loaded machine (or a flaky first packet)
+# that try can fail where the next succeeds: one retry, then the user's error
+START_ATTEMPTS = 2
+START_RETRY_DELAY_S = 2.0
+
+
 def start_dht(
     swarm: SwarmConfig,
     identity_path: Path,
@@ -126,26 +132,40 @@ def start_dht(
     started = time.monotonic()
     install_relay_policy()
     connect_shared_memory_manager()
-    dht = hivemind.DHT(
-        initial_peers=initial_peers or None,
-        host_maddrs=list(swarm.host_maddrs),
-        identity_path=str(identity_path),
-        client_mode=client,
-        # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
-        check_if_identity_free=False,
-        record_validators=[SignedRecordValidator()],
-        start=True,
-        await_ready=False,
-        **kwargs,
-    )
-    try:
-        dht.wait_until_ready(timeout=start_timeout_s)
-        dht.run_coroutine(install_bounded_storage, return_future=True).result(start_timeout_s)
-    except BaseException as exc:
-        stop_dht_process(dht)
-        raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
-    logger.info("DHT up in %.2f s", time.monotonic() - started)
-    return dht
+
+    def start_once() -> hivemind.DHT:
+        dht = hivemind.DHT(
+            initial_peers=initial_peers or None,
+            host_maddrs=list(swarm.host_maddrs),
+            identity_path=str(identity_path),
+            client_mode=client,
+            # hivemind's "is this identity taken" probe only parses RSA keys; ours are Ed25519
+            check_if_identity_free=False,
+            record_validators=[SignedRecordValidator()],
+            start=True,
+            await_ready=False,
+            **kwargs,
+        )
+        try:
+            dht.wait_until_ready(timeout=start_timeout_s)
+            dht.run_coroutine(install_bounded_storage, return_future=True).result(start_timeout_s)
+        except BaseException as exc:
+            stop_dht_process(dht)
+            raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
+        logger.info("DHT up in %.2f s", time.monotonic() - started)
+        return dht
+
+    for attempt in range(1, START_ATTEMPTS):
+        try:
+            return start_once()
+        except TransportError as error:
+            if error.reason != "unreachable":
+                raise
+            logger.warning(
+                "no initial peer answered (attempt %d of %d); trying again", attempt, START_ATTEMPTS
+            )
+            time.sleep(START_RETRY_DELAY_S)
+    return start_once()
 
 
 def relay_policy_args(kwargs: dict[str, Any]) -> dict[str, Any]:
