@@ -19,6 +19,7 @@ import copy
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from swarmnode.common import BoundedSet, WriteFailures, log
@@ -84,6 +85,7 @@ class Swarm:
         self.lock = threading.RLock()  # shared with the exchange service (swarm.background)
         self.changed = threading.Condition(self.lock)  # a batch settled or the roster was read
         self.service = ExchangeService(self)
+        self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
         self.transport.stream_handlers[notices.NOTICE_STREAM] = self.service.notices.handle
         self._round = 0  # our round, for the pool's freshness tiers of batches arriving now
         self.pool = GroupPool()  # ties broken by os.urandom: not predictable from our public peer id
@@ -111,6 +113,7 @@ class Swarm:
         """Put the offline card (a short bounded wait), then stop the transport."""
         self.announcer.stop()  # first: peers stop waiting for us as early as possible
         self.service.stop()
+        self._stores.shutdown(cancel_futures=True)  # a store in flight ends within the transport's timeout
         self.transport.shutdown()
 
     def _next_seq(self) -> int:
@@ -158,16 +161,21 @@ class Swarm:
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
         with self.lock:
             peers = [peer for peer in self.roster if not self.book.is_banned(peer)]
-        notices.notify(self.transport, peers, self.identity.peer_id, record)  # the DHT record is the fallback
-        stored = self.transport.put_record(
-            protocol.announce_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
-            self._round_ttl_s,
-            timeout_s=self._dht_wait(deadline),
-        )  # fmt: skip
-        self._trace(
-            "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
-            stored=time.time(), ok=stored, groups=len(groups), bytes=len(data), notified=len(peers),
-        )  # fmt: skip
+        notices.notify(self.transport, peers, self.identity.peer_id, record)
+
+        def store_fallback() -> None:
+            """The DHT record: for peers the notices missed. Off the round's path, one store at a time."""
+            stored = self.transport.put_record(
+                protocol.announce_key(self.swarm_id, self.identity.peer_id), self.identity.peer_id, record,
+                self._round_ttl_s,
+                timeout_s=self._dht_wait(deadline),
+            )  # fmt: skip
+            self._trace(
+                "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
+                stored=time.time(), ok=stored, groups=len(groups), bytes=len(data), notified=len(peers),
+            )  # fmt: skip
+
+        self._stores.submit(store_fallback)
         with self.lock:
             self.counters.batches_published += 1
             self.counters.groups_published += len(groups)
@@ -180,7 +188,6 @@ class Swarm:
         A card counts only when it is fresh (signed within the records' lifetime, not ahead of our clock
         by more than the protocol's skew) and its seq is not older than one already seen from that peer;
         the roster holds at most MAX_ROSTER_PEERS cards. Refused cards are counted by reason."""
-        live = set()
         keys = protocol.roster_keys(self.swarm_id)
         shards = self.transport.get_many_records(keys, self._dht_wait(deadline))
         now = time.time()
@@ -229,14 +236,17 @@ class Swarm:
                     self.roster.pop(peer, None)
                     continue
                 self.roster[peer] = card
-                # A crashed peer's card lingers until it expires; only recently refreshed ones are waited for.
-                recent = now - card.timestamp < self._round_ttl_s / 2
-                if recent and not self.book.is_banned(peer):
-                    live.add(peer)
             # a card past its DHT record's lifetime is forgotten: churn must not pile up
             for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
                 del self.roster[peer]
-            return live
+            # Live = from every card held, not only this read's: a read that timed out (a loaded DHT) or
+            # returned a refused card must not make known peers vanish. A crashed peer's card lingers until
+            # it expires; only recently refreshed ones are waited for.
+            return {
+                peer
+                for peer, card in self.roster.items()
+                if now - card.timestamp < self._round_ttl_s / 2 and not self.book.is_banned(peer)
+            }
 
     def wait_for_peers(self) -> set[str]:
         """Block until ``swarm.min_peers`` live peers are in the roster, or ``wait_for_peers_s`` passes."""

@@ -270,3 +270,14 @@ def test_a_notice_from_a_peer_that_just_joined_waits_for_one_roster_read(world, 
     stranger = Identity.generate().peer_id
     assert swarm.service.add_candidate(record, stranger, stranger)
     assert wait_until(lambda: swarm.service.notices.snapshot().get("unknown_author") == 1, 5)
+
+
+def test_a_roster_read_that_times_out_does_not_make_known_peers_vanish(world):
+    """Seen at 16 nodes on 2 cores: roster reads past their timeout returned nothing, every node's live set
+    became empty, and exchanges stopped waiting for anyone (and a late joiner waited out its whole
+    wait_for_peers_s)."""
+    authors = world.authors(3)
+    assert world.swarm._live_peers() == {a.peer_id for a in authors}
+    saved, world.net.records = world.net.records, {}  # the next read answers nothing, as a timed-out one
+    assert world.swarm._live_peers() == {a.peer_id for a in authors}
+    world.net.records = saved
