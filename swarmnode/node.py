@@ -25,6 +25,7 @@ from swarmnode.common import log
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.errors import ConfigError
 from swarmnode.identity import load_or_create
+from swarmnode.learn.heap import return_large_blocks_on_free
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
@@ -90,6 +91,7 @@ class Node:
 
     def _set_up(self) -> None:
         cfg = self.cfg
+        return_large_blocks_on_free()  # before the model's tensors are allocated
         self.checkpoints = self.run_dir / "checkpoints"
         self.runlog = RunLog(self.run_dir)
         # before anything slow: without the tensorboard package this fails at once

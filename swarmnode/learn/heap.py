@@ -11,10 +11,29 @@ from __future__ import annotations
 
 import ctypes
 
+# Blocks at least this large are mmapped, so freeing one gives its pages back at once. glibc otherwise
+# raises its threshold (up to 32 MiB) each time such a block is freed, and later tensors of that size
+# land in heaps that fragment between phases.
+MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def return_large_blocks_on_free() -> None:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (once, at start); a no-op without glibc."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
 
 def return_freed_heap() -> None:
     """glibc ``malloc_trim(0)``: every free page of every heap goes back; a no-op without glibc."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

@@ -3,6 +3,9 @@ activation checkpointing."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import torch
 
 from swarmnode import memory
@@ -62,3 +65,30 @@ def test_freed_heap_goes_back_to_the_system_between_phases():
     return_freed_heap()
     assert _rss() < held - 150 * 2**20
     del pin
+
+
+def test_large_blocks_go_back_to_the_system_when_freed_after_the_threshold_is_fixed():
+    """glibc raises its mmap threshold when a large block is freed, so the next blocks of that size come
+    from the heap and stay resident after free; fixed at MMAP_THRESHOLD_BYTES they are unmapped on free.
+    In a fresh process: mallopt is process-wide."""
+    script = """
+import torch, sys
+from swarmnode.learn import heap
+if sys.argv[1] == "fixed":
+    heap.return_large_blocks_on_free()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = torch.ones(4 * 2**20)  # 16 MiB, mmapped; its free raises glibc's threshold to 16 MiB by default
+del big
+blocks = [torch.ones(2**20) for _ in range(40)]  # 40 x 4 MiB
+pin = torch.ones(1000)
+before = rss()
+del blocks
+print(before - rss())
+"""
+    freed = {}
+    for mode in ("default", "fixed"):
+        out = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, check=True)
+        freed[mode] = int(out.stdout.split()[-1])
+    assert freed["fixed"] > 120 * 2**20, freed  # the 160 MiB went back at once
+    assert freed["default"] < freed["fixed"] - 100 * 2**20, freed  # without it, most stayed resident
