@@ -230,15 +230,16 @@ class Chaos:
                 jumped_at = _rounds_logged(self.procs["node01"])
                 self._jump_clock(self.clock_jump_s)
                 filler = self._fill_disk() if self.disk_full else None
-                kills = int(self.kills > 0 and self._kill_one(bootstrap, spare="node01"))
-                if filler is not None:  # freed once a checkpoint has failed on it
+                if filler is not None:  # freed once a checkpoint has failed on it, before its next one
                     disk_node = self.procs["node02"]
                     _wait(
                         lambda: _checkpoint_failures(disk_node.lines) or disk_node.proc.poll() is not None,
                         300,
+                        period_s=0.05,  # tiny rounds take ~0.3 s: free it before the next checkpoint
                     )
                     filler.unlink()
                     self._event("node02 disk freed")
+                kills = int(self.kills > 0 and self._kill_one(bootstrap, spare="node01"))
                 self._until_rounds("node01", jumped_at + 2)
                 self._jump_clock(0.0)
                 while kills < self.kills and not self._out_of_time() and self._kill_one(bootstrap):
