@@ -54,10 +54,7 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys)
 ROSTER_REFRESH_S = 2.0  # the roster (who is live) is re-read this often
-DHT_READ_TIMEOUT_S = 3.0  # one announcement poll (the fallback under notices: the next one comes soon)
-# one roster read: cards that are not re-read age out of the live set, and at 16 nodes on 2 cores (load
-# ~28) 3 s reads kept failing until every node's live set was empty and exchanges stopped waiting
-ROSTER_READ_TIMEOUT_S = 10.0
+DHT_READ_TIMEOUT_S = 3.0  # one roster read or poll
 MAX_PARALLEL_PULLS = 8
 PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
 PULL_BYTES_PER_S = 512 * 1024
@@ -188,7 +185,7 @@ class ExchangeService:
 
     def _refresh_roster(self) -> None:
         self._last_roster = time.monotonic()
-        live = self.swarm._live_peers(time.monotonic() + ROSTER_READ_TIMEOUT_S)  # takes swarm.lock itself
+        live = self.swarm._live_peers(time.monotonic() + DHT_READ_TIMEOUT_S)  # takes swarm.lock itself
         with self.swarm.lock:
             self.live = live
             self.roster_reads += 1
