@@ -94,7 +94,8 @@ def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
         assert reader._live_peers() == {victim.identity.peer_id}
         assert set(reader.roster) == {victim.identity.peer_id}  # no Sybil card, dated 2100 or not
         # the reader's background service pulls it (notice or poll) without an exchange running
-        _wait(lambda: reader.counters.groups_accepted == len(groups), 20, f"not pulled: {reader.status(1, 0)}")
+        accepted = lambda: reader.counters.groups_accepted == len(groups)  # noqa: E731
+        _wait(accepted, 20, f"not pulled: {reader.status(1, 0)}")
         assert stored.get("pin", 0) == 0 and stored.get("sybil", 0) == 0, stored  # no honest node took them
     finally:
         if attacker is not None:
@@ -142,9 +143,10 @@ def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp
         groups = Peer(victim.identity, victim.verifier.bank).groups(2)
         victim.publish(1, 0, groups)
         out.wait_for_line(lambda s: s.startswith("SQUATTED "), ATTACK_TIMEOUT_S, describe)
-        _wait(lambda: reader.counters.groups_accepted == len(groups), 20, f"not pulled: {reader.status(1, 0)}")
+        accepted = lambda: reader.counters.groups_accepted == len(groups)  # noqa: E731
+        _wait(accepted, 20, f"not pulled: {reader.status(1, 0)}")
         # The victim's notice usually brings its batch before the squatter's copy of the announcement is
-        # read; a squatted announcement pulled before that answers "not found" and is charged for it.
+        # read; a squatted announcement pulled before that answers "not found" and is charged.
         squatted_pulls = reader.counters.fetch_failures["not_found"]
         assert squatted_pulls <= 1, reader.status(1, 0)
         assert (reader.book.reputation(sybil) < 0) == (squatted_pulls == 1)  # half a strike each
