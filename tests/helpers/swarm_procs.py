@@ -71,9 +71,10 @@ class NodeProc:
             lambda: f"node {self.run_dir}, {needle!r}:\n{self.output()}",
         )
 
-    def address(self, timeout_s: float = 90.0) -> str:
-        """The first address in the node's join hint (the hint goes on with --config / --set)."""
-        return self.wait_for_line(JOIN_HINT, timeout_s).split(JOIN_HINT, 1)[1].split()[0]
+    def address(self, starting: str = "", timeout_s: float = 90.0) -> str:
+        """The address of the first join hint whose address starts with ``starting`` (e.g. a host's
+        "/ip4/10.0.0.2/tcp/31337/p2p/"); the hint goes on with --config / --set after it."""
+        return self.wait_for_line(JOIN_HINT + starting, timeout_s).split(JOIN_HINT, 1)[1].split()[0]
 
     def output(self) -> str:
         return "\n".join(self.lines[-60:])

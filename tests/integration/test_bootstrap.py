@@ -93,7 +93,7 @@ def test_public_demo_config_joins_through_a_stand_in_bootstrap(tmp_path):
     try:
         boot = start_bootstrap(tmp_path / "boot", "--port", str(port), "--set", "bootstrap.report_every_s=1")
         procs.append(boot)
-        address = boot.wait_for_line(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 60).split("--peers ", 1)[1].split()[0]
+        address = boot.address(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 60)
         metrics_url = boot.wait_for_line("metrics at ", 5).split("metrics at ", 1)[1].split()[0]
         nodes = [
             start_node(tmp_path / name, "--config", PUBLIC_DEMO, "--rounds", "2", *FAST, peers=[address])

@@ -118,8 +118,7 @@ def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
         with netns.make_network(["boot", "a", "b", "c"], net=78) as net:
             boot = start_bootstrap(tmp_path / "boot", "--port", "31337", prefix=net["boot"].exec_args())
             procs.append(boot)
-            hint = boot.wait_for_line(f"/ip4/{net['boot'].ip}/tcp/31337/p2p/", 240)
-            peers = [hint.split("--peers ", 1)[1].split()[0]]
+            peers = [boot.address(f"/ip4/{net['boot'].ip}/tcp/31337/p2p/", 240)]
             nodes = {
                 name: start_node(tmp_path / name, *_net_args(), peers=peers, prefix=net[name].exec_args())
                 for name in ("a", "b", "c")

@@ -49,7 +49,7 @@ def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path)
     boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
     attacker = None
     try:
-        address = boot.wait_for_line(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 90).split("--peers ", 1)[1].split()[0]
+        address = boot.address(f"/ip4/127.0.0.1/tcp/{port}/p2p/", 90)
         metrics_url = boot.wait_for_line("metrics at ", 10).split("metrics at ", 1)[1].split()[0]
         dht = _dht_process(boot.proc.pid)
         time.sleep(2.0)

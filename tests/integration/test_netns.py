@@ -48,9 +48,7 @@ def test_nodes_meet_through_a_bootstrap_and_a_firewalled_node_takes_part(tmp_pat
             boot_host = net["boot"]
             boot = start_bootstrap(tmp_path / "boot", "--port", str(BOOT_PORT), prefix=boot_host.exec_args())
             procs.append(boot)
-            boot_addr = f"/ip4/{net['boot'].ip}/tcp/{BOOT_PORT}/p2p/"
-            hint = boot.wait_for_line(boot_addr, 60)
-            boot_addr = hint.split("--peers ", 1)[1].split()[0]  # the hint goes on with --set swarm.swarm_id
+            boot_addr = boot.address(f"/ip4/{net['boot'].ip}/tcp/{BOOT_PORT}/p2p/", 60)
 
             net["c"].drop_inbound_tcp()
             a = start_node(tmp_path / "a", *_node_args(3), peers=[boot_addr], prefix=net["a"].exec_args())

@@ -50,8 +50,7 @@ def test_two_nodes_behind_nat_train_on_each_others_groups_through_a_relay(tmp_pa
             boot_host = net["boot"]
             boot = start_bootstrap(tmp_path / "boot", "--port", str(BOOT_PORT), prefix=boot_host.exec_args())
             procs.append(boot)
-            hint = boot.wait_for_line(f"/ip4/{net['boot'].ip}/tcp/{BOOT_PORT}/p2p/", 60)
-            boot_addr = hint.split("--peers ", 1)[1].split()[0]
+            boot_addr = boot.address(f"/ip4/{net['boot'].ip}/tcp/{BOOT_PORT}/p2p/", 60)
 
             nodes = {}
             for name in ("a", "b"):
@@ -106,8 +105,7 @@ def test_without_a_relay_a_reachable_node_holds_and_offers_each_nat_nodes_batche
             r = start_node(tmp_path / "r", *args, "--set", fixed_port, "--rounds", str(ROUNDS + 3),
                            prefix=net["r"].exec_args())  # fmt: skip
             procs.append(r)
-            r_addr = r.wait_for_line(f"--peers /ip4/{net['r'].ip}/tcp/{BOOT_PORT}/p2p/", 120)
-            r_addr = r_addr.split("--peers ", 1)[1].split()[0]
+            r_addr = r.address(f"/ip4/{net['r'].ip}/tcp/{BOOT_PORT}/p2p/", 120)
             nodes = {}
             for name in ("a", "b"):
                 net[name].drop_inbound_tcp()
