@@ -7,35 +7,19 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import NodeConfig
-from swarmnode.identity import Identity
 from swarmnode.swarm import announcer, codec, hello, protocol
 from swarmnode.swarm.exchange import Swarm
-from swarmnode.tasks import TaskBank
+from tests.helpers.inprocess_swarm import make_swarm
 
 SWARM = "it-announce"
 PERIOD_S = 0.5  # the announcer's timer, short so the test takes seconds (the default is ttl / 4)
 
 
 def _node(tmp_path, name: str, initial_peers: list[str], swarm_id: str = SWARM) -> Swarm:
-    identity = Identity.generate()
-    key = tmp_path / f"{name}.key"
-    identity.save(key)
-    cfg = NodeConfig.model_validate(
-        {
-            "swarm": {"swarm_id": swarm_id, "initial_peers": initial_peers, "share_deadline_s": 10},
-            "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
-        }
-    )
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
-    bank = TaskBank(cfg.tasks, default_seed=0)
-    return Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
+    return make_swarm(tmp_path, name, initial_peers, swarm_id)
 
 
 @pytest.fixture

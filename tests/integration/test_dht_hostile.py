@@ -17,14 +17,11 @@ import json
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import NodeConfig
-from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import Swarm
-from swarmnode.tasks import TaskBank
+from tests.helpers.inprocess_swarm import make_swarm
 from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
 from tests.helpers.verify_world import Peer
 
@@ -33,20 +30,7 @@ ATTACK_TIMEOUT_S = 180.0
 
 
 def _node(tmp_path, name: str, initial_peers: list[str]) -> Swarm:
-    identity = Identity.generate()
-    key = tmp_path / f"{name}.key"
-    identity.save(key)
-    cfg = NodeConfig.model_validate(
-        {
-            "swarm": {"swarm_id": SWARM, "initial_peers": initial_peers, "share_deadline_s": 10},
-            "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
-        }
-    )
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
-    bank = TaskBank(cfg.tasks, default_seed=0)
-    return Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
+    return make_swarm(tmp_path, name, initial_peers, SWARM)
 
 
 def test_pinning_leaves_the_honest_exchange_intact(tmp_path):
