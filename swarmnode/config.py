@@ -328,6 +328,13 @@ class SwarmConfig(_Strict):
     wait_for_peers_s: float = Field(
         120.0, gt=0, description="Longest wait for min_peers before starting anyway."
     )
+    ban_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="How long a peer's first ban lasts; each further ban of the same peer doubles it, "
+        "up to an hour.",
+    )
 
 
 class BootstrapConfig(_Strict):

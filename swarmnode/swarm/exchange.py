@@ -61,7 +61,7 @@ class Swarm:
         self.run_dir = run_dir
         self.on_status = on_status  # e.g. the metrics collector: gets every status written
         self.transport = Transport(identity_path, cfg.swarm)
-        self.book = PeerBook()
+        self.book = PeerBook(ban_base_s=cfg.swarm.ban_s)
         limits = ReceiveLimits.for_node(
             cfg.sampling, tokenizer_fingerprint=policy.tokenizer_fingerprint, vocab_size=len(policy.tokenizer)
         )  # raises ConfigError at start if our own config could not go on the wire

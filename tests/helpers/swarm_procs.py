@@ -94,6 +94,20 @@ class NodeProc:
                 f"node {self.run_dir} still running after {timeout_s}s:\n{self.output()}"
             ) from None
 
+    def wait_for_round(self, round_: int, timeout_s: float = 240.0) -> None:
+        """Until metrics.jsonl has round ``round_`` (the node must stay up meanwhile)."""
+        deadline = time.monotonic() + timeout_s
+        while not any(r["round"] >= round_ for r in self.metrics()):
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() < deadline, f"no round {round_} in {timeout_s}s:\n{self.output()}"
+            time.sleep(1.0)
+
+    def interrupt(self, timeout_s: float = 90.0) -> int:
+        """SIGINT, then wait for the exit code (130 for a clean stop: the node finished or abandoned its
+        round, checkpointed and put its offline card)."""
+        os.kill(self.proc.pid, signal.SIGINT)
+        return self.wait(timeout_s)
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)

@@ -32,8 +32,10 @@ from tests.helpers.swarm_procs import start_hostile, start_node
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
-ROUNDS = 7  # the slowest attack (replay) needs about five honest rounds
+MAX_ROUNDS = 30  # a bound only: the honest node is stopped (SIGINT) once every attack is done
+SETTLE_ROUNDS = 2  # rounds it runs after the last attack step, so every pull has been verified
 STRIKE_LIMIT = 3  # PeerBook default
+BAN_S = 900  # outlasts the run however slow the machine: status.json at the end still lists every ban
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ ATTACKS = {
 }
 
 
-def _args(swarm_id: str, min_peers: int, rounds: int = ROUNDS) -> list[str]:
+def _args(swarm_id: str, min_peers: int, rounds: int) -> list[str]:
     return [
         "--config", "node_configs/tiny.yaml",
         "--rounds", str(rounds),
@@ -104,6 +106,7 @@ def _args(swarm_id: str, min_peers: int, rounds: int = ROUNDS) -> list[str]:
         "--set", f"swarm.share_deadline_s={DEADLINE_S}",
         "--set", "swarm.wait_for_peers_s=180",
         "--set", "swarm.peer_groups_per_round=4",
+        "--set", f"swarm.ban_s={BAN_S}",
     ]  # fmt: skip
 
 
@@ -120,7 +123,7 @@ def attacked(tmp_path_factory):
     """Run the honest node to completion under all attacks at once; return what it and they recorded."""
     root = tmp_path_factory.mktemp("hostile")
     swarm_id = f"hostile-{uuid.uuid4().hex[:10]}"
-    honest = start_node(root / "honest", *_args(swarm_id, min_peers=len(ATTACKS)))
+    honest = start_node(root / "honest", *_args(swarm_id, min_peers=len(ATTACKS), rounds=MAX_ROUNDS))
     hostiles = {}
     started = time.monotonic()
     try:
@@ -128,8 +131,11 @@ def attacked(tmp_path_factory):
         for attack in ATTACKS:
             hostiles[attack] = start_hostile(attack, root / "hostiles", swarm_id, address)
         ready = {a: json.loads(h.wait_for_line("READY ", 180).split(" ", 1)[1]) for a, h in hostiles.items()}
-        rc = honest.wait(timeout_s=300)
-        reports = {attack: h.report(timeout_s=90) for attack, h in hostiles.items()}
+        # the attacks pace themselves by the honest node's rounds (the slowest, replay, needs about five):
+        # it runs as many as they take, however slow the machine, then stops cleanly
+        reports = {attack: h.report(timeout_s=600) for attack, h in hostiles.items()}
+        honest.wait_for_round(max((r["round"] for r in honest.metrics()), default=0) + SETTLE_ROUNDS)
+        rc = honest.interrupt()
         for attack, report in reports.items():
             assert report["peer_id"] == ready[attack]["peer_id"]
         return SimpleNamespace(
@@ -164,7 +170,7 @@ def test_attack_is_rejected_counted_and_never_trained(attacked, attack):
     context = f"{attack}: status {json.dumps(status)}\nhostile steps {report['steps']}"
 
     # the attack reached the check it aims at: each payload meant to be pulled was served completely ...
-    assert attacked.rc == 0, attacked.honest.output()
+    assert attacked.rc == 130, attacked.honest.output()
     for name in expect.pulled:
         assert [s["served"] for s in _steps(report, name)] == [1], context
     for prefix in expect.pulled_last:
@@ -208,8 +214,9 @@ def test_attack_is_rejected_counted_and_never_trained(attacked, attack):
 
 def test_honest_node_finished_every_round_on_time_and_trained_on_nothing_hostile(attacked):
     honest = attacked.honest
-    assert attacked.rc == 0, honest.output()
-    assert [r["round"] for r in attacked.metrics] == list(range(1, ROUNDS + 1)), honest.output()
+    assert attacked.rc == 130, honest.output()  # stopped cleanly by the fixture, not crashed
+    rounds = [r["round"] for r in attacked.metrics]
+    assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) < MAX_ROUNDS, honest.output()
     # no round waited past its deadline, whatever the peers did
     assert max(r["seconds_share"] for r in attacked.metrics) <= DEADLINE_S + SLACK_S, attacked.metrics
     status = attacked.status

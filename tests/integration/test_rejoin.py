@@ -9,8 +9,6 @@ its own. A fourth node joins through a with the wrong swarm id and is told so.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 
@@ -39,21 +37,6 @@ def _args(swarm_id: str = SWARM) -> list[str]:
     ]  # fmt: skip
 
 
-def _stop_cleanly(node: NodeProc, timeout_s: float = 90.0) -> float:
-    """SIGINT, then wait for the exit: the node finishes its round, checkpoints, puts its offline card."""
-    os.kill(node.proc.pid, signal.SIGINT)
-    assert node.wait(timeout_s) == 130, node.output()
-    return time.time()
-
-
-def _wait_for_round(node: NodeProc, round_: int, timeout_s: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not any(r["round"] >= round_ for r in node.metrics()):
-        assert node.proc.poll() is None, node.output()
-        assert time.monotonic() < deadline, f"no round {round_} in {timeout_s}s:\n{node.output()}"
-        time.sleep(1.0)
-
-
 @pytest.fixture
 def nodes(monkeypatch):
     monkeypatch.setenv(SHARE_TRACE_ENV, "1")  # the exchange timings, for acceptance 5
@@ -80,16 +63,17 @@ def test_the_first_node_restarted_with_the_same_command_rejoins_and_its_clean_st
                       peers=[first])  # fmt: skip
     nodes.extend([b, c, lost])
 
-    _wait_for_round(a, 2)
+    a.wait_for_round(2)
     a_id = a.status()["peer_id"]
     port = first.split("/tcp/")[1].split("/")[0]
-    t_stopped = _stop_cleanly(a)
+    assert a.interrupt() == 130, a.output()
+    t_stopped = time.time()
     stopped_at = max(r["round"] for r in a.metrics())
 
     restarted = start_node(tmp_path / "a", *_args())  # exactly the same command
     nodes.append(restarted)
     assert f"/tcp/{port}/" in restarted.address(), restarted.output()  # the port the others knew
-    _wait_for_round(restarted, stopped_at + 2)
+    restarted.wait_for_round(stopped_at + 2)
 
     problems = []
     # acceptance 4: within 2 rounds of the restart, a trains on a peer's batch and a peer on a's

@@ -80,8 +80,10 @@ def rss():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 big = torch.ones(4 * 2**20)  # 16 MiB, mmapped; its free raises glibc's threshold to 16 MiB by default
 del big
-blocks = [torch.ones(2**20) for _ in range(40)]  # 40 x 4 MiB
-pin = torch.ones(1000)
+blocks, pins = [], []
+for _ in range(40):  # 40 x 4 MiB, each followed by a small live block: freed, none can merge into the top
+    blocks.append(torch.ones(2**20))  # of the heap (which glibc trims on its own)
+    pins.append(torch.ones(1000))
 before = rss()
 del blocks
 print(before - rss())
