@@ -237,7 +237,7 @@ class ExchangeService:
                 holders.append(holder)
             return
         verifier = self.swarm.verifier
-        announcement = verifier.check_announcement(record, author, relayed=holder != author)
+        announcement = verifier.check_announcement(record, author)
         if announcement is None:
             return
         key = (author, announcement.payload_sha256)

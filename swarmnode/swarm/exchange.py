@@ -227,9 +227,13 @@ class Swarm:
                 try:
                     protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
                     digest = protocol.payload_digest(record)
-                    self.book.check_sequence(peer, protocol.ROSTER_CARD, card.seq, digest)
+                    seen_as = self.book.check_sequence(
+                        peer, protocol.ROSTER_CARD, card.seq, digest, card.timestamp
+                    )
                 except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
                     self.counters.roster_refused[exc.reason] += 1
+                    continue
+                if seen_as == "superseded":  # older than a card already admitted (a lagging replica's)
                     continue
                 # it stopped cleanly: not waited for, until a later online card says otherwise
                 if card.offline:

@@ -9,8 +9,9 @@ A ``PeerBook`` remembers, for each peer id it has had to judge:
   peer that tripped once is back within a minute.
 - **rate limits**: two token buckets per peer, one counting batches and one counting bytes, refilled
   continuously; ``allow`` spends from both or from neither.
-- **sequence numbers**: the highest ``seq`` accepted per (peer, message type), so an old signed record
-  written back into the DHT is a ``replay`` while the same record read twice is a harmless duplicate.
+- **sequence numbers**: the highest ``seq`` accepted per (peer, message type) and when it was signed, so
+  a reused seq is a ``replay``, while the same record read twice, or an older one read after a newer
+  one (a lagging DHT replica), is harmless and ignored.
 - **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups and falls
   with every strike. Only ``reputation()`` and ``snapshot()`` read it: peer choice, bans, status and
   metrics do not use it (bans come from strikes).
@@ -80,7 +81,8 @@ class _Peer:
     banned_until: float = -math.inf
     last_reason: str = ""
     accepted_groups: int = 0
-    seqs: dict[str, tuple[int, deque[bytes]]] = field(default_factory=dict)  # type -> (highest, digests)
+    # type -> (highest seq, its timestamp, recent digests)
+    seqs: dict[str, tuple[int, float, deque[bytes]]] = field(default_factory=dict)
 
 
 class PeerBook:
@@ -215,27 +217,31 @@ class PeerBook:
 
     # --- sequence numbers ----------------------------------------------------------------------
     def check_sequence(
-        self, peer_id: str, msg_type: str, seq: int, digest: bytes
-    ) -> Literal["new", "duplicate"]:
+        self, peer_id: str, msg_type: str, seq: int, digest: bytes, timestamp: float
+    ) -> Literal["new", "duplicate", "superseded"]:
         """Record a verified message's ``seq``; PROTOCOL.md section 7.
 
         "duplicate": the same message again (``digest`` of its bytes seen recently: e.g. a DHT record read
-        twice); "new": seq above the highest seen (now recorded). Otherwise raises
-        ``ProtocolError("replay")``: an older or reused seq with different bytes.
+        twice); "new": seq above the highest seen (now recorded); "superseded": a lower seq signed before
+        the highest (its ``timestamp`` is older: a copy a DHT replica still holds, or a pull that finished
+        after a newer one), ignored. Otherwise raises ``ProtocolError("replay")``: a seq not above the
+        highest, signed at or after it, which only its signer can make (a reused seq).
         """
         with self._lock:
             peer = self._touch(peer_id, self.clock())
             last = peer.seqs.get(msg_type)
             if last is not None:
-                highest, digests = last
+                highest, highest_timestamp, digests = last
                 if digest in digests:
                     return "duplicate"
                 if seq <= highest:
+                    if timestamp < highest_timestamp:
+                        return "superseded"
                     raise ProtocolError("replay", f"{msg_type} seq {seq} <= {highest} already seen")
             else:
                 digests = deque(maxlen=_RECENT_DIGESTS)
             digests.append(bytes(digest))
-            peer.seqs[msg_type] = (seq, digests)
+            peer.seqs[msg_type] = (seq, timestamp, digests)
             return "new"
 
     # --- status --------------------------------------------------------------------------------

@@ -232,14 +232,11 @@ class Verifier:
         self._internal_errors_logged = False
 
     # --- DHT records -----------------------------------------------------------------------------
-    def check_announcement(
-        self, record: bytes, subkey_peer: str, *, relayed: bool = False
-    ) -> BatchAnnouncement | None:
-        """The announcement in a DHT ``record`` stored under ``subkey_peer``, or None (rejected, counted;
-        or a record already seen, not counted). Never charges a peer: anyone can write any subkey.
-
-        ``relayed``: the record came from a holder, not its author. A holder may well pass on an older
-        announcement after the author's newer one arrived; that is superseded, not a replay by the author."""
+    def check_announcement(self, record: bytes, subkey_peer: str) -> BatchAnnouncement | None:
+        """The announcement in a DHT ``record`` stored under ``subkey_peer`` (or passed on by a holder),
+        or None: rejected and counted; or not counted, a record already seen or one older than an
+        announcement already seen from its author (superseded). Never charges a peer: anyone can write
+        any subkey."""
         seen = None
         try:
             if not isinstance(record, bytes | bytearray | memoryview):
@@ -259,12 +256,11 @@ class Verifier:
             )
             assert isinstance(msg, BatchAnnouncement)
             check_fresh(msg.timestamp, self.clock(), max_age=self.max_age_s)
-            if self.book.check_sequence(sender, BATCH_ANNOUNCEMENT, msg.seq, payload_digest(record)) != "new":
-                return None
-            return msg
+            seen_as = self.book.check_sequence(
+                sender, BATCH_ANNOUNCEMENT, msg.seq, payload_digest(record), msg.timestamp
+            )
+            return msg if seen_as == "new" else None
         except (ProtocolError, _Rejected) as e:
-            if relayed and e.reason == "replay":
-                return None
             self._count(e.reason, subkey_peer, e.detail)
             if seen is not None and e.reason not in _RECHECKED:
                 self._rejected_records.add(seen)
@@ -328,8 +324,12 @@ class Verifier:
         batch = check_payload(announcement, data, swarm_id=self.swarm_id)
         check_fresh(batch.timestamp, self.clock(), max_age=self.max_age_s)
         # PROTOCOL.md section 7 applies to batches too: without it a peer could re-sign an accepted batch
-        # under its old seq (new bytes, so a new sha256) and have the same groups trained on twice.
-        if self.book.check_sequence(author, ROLLOUT_BATCH, batch.seq, announcement.payload_sha256) != "new":
+        # under its old seq (new bytes, so a new sha256) and have the same groups trained on twice. A
+        # superseded batch (pulled after a newer one of its author) is verified like a new one.
+        seen_as = self.book.check_sequence(
+            author, ROLLOUT_BATCH, batch.seq, announcement.payload_sha256, batch.timestamp
+        )
+        if seen_as == "duplicate":
             raise _Rejected("duplicate_payload", "these exact bytes were checked before")
         self._check_logprobs(batch)
         self._check_token_ids(batch)
@@ -411,7 +411,7 @@ class Verifier:
     # --- bookkeeping -----------------------------------------------------------------------------
     def _count(self, reason: str, peer: object, detail: str = "") -> None:
         self.rejections[reason] += 1
-        log.debug("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
+        log.warning("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
 
     def _internal_error(self, peer: object) -> None:
         self.rejections["internal_error"] += 1

@@ -95,6 +95,10 @@ class Peer:
             out.append(self.bank.score_group(question, completions, provenance))
         return out
 
+    def signed_at(self) -> float:
+        """A later time for each later seq, as for an honest sender (all within a second before NOW)."""
+        return NOW - 1.0 + self.seq * 1e-4
+
     def batch(self, groups: list[RolloutGroup] | None = None, **changes) -> protocol.RolloutBatch:
         self.seq += 1
         batch = convert.make_rollout_batch(
@@ -105,7 +109,7 @@ class Peer:
             policy_version=7,
             model_name="tiny-llama",
             tokenizer_fingerprint="ab" * 32,
-            timestamp=NOW - 1.0,
+            timestamp=self.signed_at(),
             seq=self.seq,
         )
         return replace(batch, **changes)
@@ -121,7 +125,7 @@ class Peer:
             payload_sha256=protocol.payload_digest(data),
             payload_len=len(data),
             n_groups=len(batch.groups),
-            timestamp=NOW - 0.5,
+            timestamp=self.signed_at(),
             seq=self.seq,
         )
         return codec.encode_message(self.identity, SWARM, replace(announcement, **changes))

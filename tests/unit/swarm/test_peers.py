@@ -127,20 +127,21 @@ def test_byte_bucket_always_holds_one_maximum_frame(clock: FakeClock) -> None:
     assert not book.allow("p", 1)
 
 
-def test_check_sequence_new_duplicate_replay(clock: FakeClock) -> None:
+def test_check_sequence_new_duplicate_superseded_replay(clock: FakeClock) -> None:
     book = PeerBook(clock)
-    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32) == "new"
-    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32) == "duplicate"
-    with pytest.raises(ProtocolError) as info:
-        book.check_sequence("p", "batch_announcement", 10, b"b" * 32)  # same seq, other bytes
-    assert info.value.reason == "replay"
-    with pytest.raises(ProtocolError):
-        book.check_sequence("p", "batch_announcement", 9, b"c" * 32)
-    assert book.check_sequence("p", "roster_card", 9, b"c" * 32) == "new"  # per message type
-    assert book.check_sequence("q", "batch_announcement", 1, b"c" * 32) == "new"  # and per peer
-    assert book.check_sequence("p", "batch_announcement", 11, b"d" * 32) == "new"
+    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32, 100.0) == "new"
+    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32, 100.0) == "duplicate"
+    for seq, timestamp in ((10, 100.0), (9, 100.5), (9, 100.0)):  # seq reused, signed no earlier
+        with pytest.raises(ProtocolError) as info:
+            book.check_sequence("p", "batch_announcement", seq, b"b" * 32, timestamp)
+        assert info.value.reason == "replay"
+    # an older record (lower seq, signed earlier) read after the newer one: a lagging replica's
+    assert book.check_sequence("p", "batch_announcement", 9, b"c" * 32, 99.0) == "superseded"
+    assert book.check_sequence("p", "roster_card", 9, b"c" * 32, 99.0) == "new"  # per message type
+    assert book.check_sequence("q", "batch_announcement", 1, b"c" * 32, 1.0) == "new"  # and per peer
+    assert book.check_sequence("p", "batch_announcement", 11, b"d" * 32, 101.0) == "new"
     # a lagging DHT replica returns the previous record again: a duplicate, not a replay
-    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32) == "duplicate"
+    assert book.check_sequence("p", "batch_announcement", 10, b"a" * 32, 100.0) == "duplicate"
 
 
 def test_memory_cap_evicts_least_recently_seen_unbanned_peer(clock: FakeClock) -> None:

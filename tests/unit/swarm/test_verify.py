@@ -172,23 +172,39 @@ def test_payload_that_differs_from_its_announcement_is_hash_mismatch(node: Node,
 # --- replay, staleness, malformed --------------------------------------------------------------------
 
 
-def test_replayed_older_announcement_is_replay(node: Node, honest: Peer) -> None:
-    old_record, _ = honest.publish()
-    new_record, new_data = honest.publish()
-    assert node.verifier.check_announcement(new_record, HONEST.peer_id) is not None
-    assert node.verifier.check_announcement(old_record, HONEST.peer_id) is None
+def test_an_announcement_reusing_an_old_seq_is_replay(node: Node, honest: Peer) -> None:
+    first, _ = honest.publish()
+    first_seq = honest.seq
+    assert node.verifier.check_announcement(first, HONEST.peer_id) is not None
+    # new bytes under the seq already seen, signed later: only the author's key can make this
+    batch = honest.batch()
+    reused = honest.announce(codec.encode_message(HONEST, SWARM, batch), batch, seq=first_seq)
+    assert node.verifier.check_announcement(reused, HONEST.peer_id) is None
     assert node.verifier.rejections == {"replay": 1}
-    assert not node.book.is_banned(HONEST.peer_id)  # anyone can write an old signed record back
+    assert not node.book.is_banned(HONEST.peer_id)  # anyone can write a signed record into the DHT
 
 
-def test_an_older_announcement_passed_on_by_a_holder_is_superseded_not_a_replay(
+def test_an_older_announcement_read_after_a_newer_one_is_superseded_not_counted(
     node: Node, honest: Peer
 ) -> None:
     old_record, _ = honest.publish()
     new_record, _ = honest.publish()
     assert node.verifier.check_announcement(new_record, HONEST.peer_id) is not None
-    # a holder offers the author's previous batch after the newer one was read: not pulled, not counted
-    assert node.verifier.check_announcement(old_record, HONEST.peer_id, relayed=True) is None
+    # a lagging DHT replica (or a holder) passes on the author's previous announcement: not pulled,
+    # not counted (a healthy swarm shows no rejections), the author not charged
+    assert node.verifier.check_announcement(old_record, HONEST.peer_id) is None
+    assert node.verifier.rejections == {}
+    assert node.book.snapshot()["peers"][HONEST.peer_id]["strikes"] == 0
+
+
+def test_a_batch_pulled_after_a_newer_one_of_its_author_is_still_accepted(node: Node, honest: Peer) -> None:
+    (older_record, older_data), (newer_record, newer_data) = honest.publish(), honest.publish()
+    older = node.verifier.check_announcement(older_record, HONEST.peer_id)
+    newer = node.verifier.check_announcement(newer_record, HONEST.peer_id)
+    assert older is not None and newer is not None
+    # parallel pulls finish in any order: the older batch is verified and accepted like any other
+    assert len(node.verifier.check_batch(newer, newer_data, HONEST.peer_id)) == 2
+    assert len(node.verifier.check_batch(older, older_data, HONEST.peer_id)) == 2
     assert node.verifier.rejections == {}
 
 
@@ -331,12 +347,16 @@ def test_hostile_peer_changes_nothing_in_honest_data(node: Node, honest: Peer, h
     def retask(g: protocol.WireGroup) -> protocol.WireGroup:
         return replace(g, task=replace(g.task, config={"min_terms": 9}))
 
-    old = hostile.publish()  # published first, replayed later
+    def reused_seq() -> tuple[bytes, bytes]:  # new bytes announced under its first seq, signed later
+        batch = hostile.batch()
+        data = codec.encode_message(HOSTILE, SWARM, batch)
+        return hostile.announce(data, batch, seq=1), data
+
     attacks = [
         (hostile.publish(with_groups(hostile.batch(), poison)), HOSTILE.peer_id),
         (hostile.publish(with_groups(hostile.batch(), retask)), HOSTILE.peer_id),
         ((flip(honest.publish()[0], 40), b"x"), HONEST.peer_id),  # a forged record in the honest name
-        (old, HOSTILE.peer_id),
+        (reused_seq(), HOSTILE.peer_id),
         (hostile.publish(with_groups(hostile.batch(), poison)), HOSTILE.peer_id),  # third strike
     ]
     for (record, data), subkey in attacks:
