@@ -15,7 +15,10 @@ once all nodes finish, the two are joined:
   is not the author).
 - "every peer" latency of a batch = the latest of its N-1 arrivals (a missing arrival counts as never);
   "before next round" = that all N-1 arrivals happened before the publisher began its next round
-  (its exchange end + train + weight sync).
+  (its exchange end + train + weight sync); "before next batch" = before it published its next batch
+  (the end of its next round's sampling): no peer's copy is more than one round stale. A round no longer
+  waits for every peer (only while its pool lacks J fresh groups), so the first can end within a
+  training step of the publish.
 - share of round = sum(seconds_share) / sum(seconds_total) per node, averaged over nodes; "net share"
   subtracts from seconds_share the time the node was only waiting for the last peer of the round to
   publish at all (a straggler still sampling), which no network can remove.
@@ -139,7 +142,7 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
             arrivals.setdefault((e["peer"], e["round"]), {})[node["peer"]] = e
     lat, lat_verified, parts = [], [], {k: [] for k in BREAKDOWN}
     sources: dict[str, int] = {"notice": 0, "poll": 0, "holder": 0}
-    every, before_next, expected = [], [], 0
+    every, before_next, before_next_batch, expected = [], [], [], 0
     for pub in nodes:
         for r, p in pub["publish"].items():
             if not first <= r <= last:
@@ -172,6 +175,8 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
                 before_next.append(published + worst <= next_start)
             else:
                 before_next.append(False)
+            if r + 1 in pub["publish"]:
+                before_next_batch.append(published + worst <= pub["publish"][r + 1]["started"])
 
     # -- share of round time --------------------------------------------------------------------
     shares, net_shares, totals, share_s, net_share_s = [], [], [], [], []
@@ -214,6 +219,9 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
         "every_peer_p95_s": pct(every, 95),
         "batches": len(every),
         "reached_all_before_next_round": sum(before_next) / len(before_next) if before_next else float("nan"),
+        "reached_all_before_next_batch": (
+            sum(before_next_batch) / len(before_next_batch) if before_next_batch else float("nan")
+        ),
         "share_of_round": statistics.mean(shares) if shares else float("nan"),
         "net_share_of_round": statistics.mean(net_shares) if net_shares else float("nan"),
         "round_p50_s": median(totals),
@@ -241,7 +249,8 @@ def fmt(x: float, unit: str = "s") -> str:
 def table(results: list[dict]) -> str:
     head = (
         "| nodes | batches | pairs delivered | arrival p50 | arrival p95 | arrival max | every-peer p50 "
-        "| every-peer p95 | all peers before next round | share of round | net share | round p50 "
+        "| every-peer p95 | all peers before next round | all peers before next batch | share of round "
+        "| net share | round p50 "
         "| share p50 | net share p50 |"
     )
     lines = [head, "|" + "|".join(["---"] * (head.count("|") - 1)) + "|"]
@@ -251,7 +260,8 @@ def table(results: list[dict]) -> str:
             f"| {r['nodes']} | {a['batches']} | {a['pairs_delivered']}/{a['pairs_expected']} "
             f"| {fmt(a['arrival_p50_s'])} | {fmt(a['arrival_p95_s'])} | {fmt(a['arrival_max_s'])} "
             f"| {fmt(a['every_peer_p50_s'])} | {fmt(a['every_peer_p95_s'])} "
-            f"| {fmt(a['reached_all_before_next_round'], '%')} | {fmt(a['share_of_round'], '%')} "
+            f"| {fmt(a['reached_all_before_next_round'], '%')} "
+            f"| {fmt(a['reached_all_before_next_batch'], '%')} | {fmt(a['share_of_round'], '%')} "
             f"| {fmt(a['net_share_of_round'], '%')} | {fmt(a['round_p50_s'])} | {fmt(a['share_p50_s'])} "
             f"| {fmt(a['net_share_p50_s'])} |"
         )

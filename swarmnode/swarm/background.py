@@ -16,13 +16,14 @@ can serve is given up (its author is then not waited for). What arrives is verif
 peers (``offer(held=True)``: any holder serves a batch, the author's signature travels in the bytes).
 
 Threads: this service thread is the only one that calls the ``Verifier`` once the swarm started (it is
-not thread-safe; the round thread only reads its counters for status, a dict copy the GIL makes
-atomic); pulls run in a MAX_PARALLEL_PULLS worker pool that only calls ``Transport.fetch`` and hands the
-bytes back here. ``Swarm.lock`` guards what the round thread shares with this one: the pool, counters,
-roster, ``live``, ``_settled`` and ``_round``; ``Swarm.changed`` (its Condition) is notified whenever a
-batch settles or the roster changes, and is what ``Swarm.exchange`` waits on. Verification runs
-outside the lock, so the round thread never waits on scoring. The ``PeerBook`` has its own lock. The
-tokenizer is never touched here: verification scores completion *text* with reasoning-gym, and the
+not thread-safe; the round thread only reads its counters for status, a dict copy the GIL makes atomic);
+pulls run in a MAX_PARALLEL_PULLS worker pool that only calls ``Transport.fetch`` and hands the bytes
+back here; the DHT reads (roster and poll) run on a reader thread of their own, which hands polled
+records back here too. ``Swarm.lock`` guards what the round thread shares with this one: the pool,
+counters, roster, ``live``, ``_settled`` and ``_round``; ``Swarm.changed`` (its Condition) is notified
+whenever a batch settles or the roster changes, and is what ``Swarm.exchange`` waits on. Verification
+runs outside the lock, so the round thread never waits on scoring. The ``PeerBook`` has its own lock.
+The tokenizer is never touched here: verification scores completion *text* with reasoning-gym, and the
 vocabulary size was read once at construction; the ``TaskBank`` is the verifier's own deep copy (its
 dataset cache is not safe to share with the sampling thread).
 
@@ -33,6 +34,7 @@ with their announcement.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -54,7 +56,9 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys)
 ROSTER_REFRESH_S = 2.0  # the roster (who is live) is re-read this often
-DHT_READ_TIMEOUT_S = 3.0  # one roster read or poll
+# one roster read or poll. They run on a thread of their own, so a slow DHT (a loaded host, dead peers'
+# records) delays only the next read, never a notice or a pull
+DHT_READ_TIMEOUT_S = 10.0
 MAX_PARALLEL_PULLS = 8
 PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
 PULL_BYTES_PER_S = 512 * 1024
@@ -67,8 +71,9 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
 MAX_QUEUED_NOTICES = 256  # notices received and not yet checked (the notice handler drops beyond)
-# notices whose author is not in the roster yet (it may have just joined) wait for one roster read,
-# read at once but at most every ROSTER_MIN_GAP_S; beyond this many they are dropped as unknown_author
+# notices whose author is not in the roster yet (it may have just joined) wait for the next roster read,
+# asked for at once but started at most every ROSTER_MIN_GAP_S; beyond this many they are dropped as
+# unknown_author
 MAX_PARKED_NOTICES = 64
 ROSTER_MIN_GAP_S = 0.5
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
@@ -121,22 +126,29 @@ class ExchangeService:
         self._in_flight = 0
         self._workers: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
-        self._next_roster = self._next_poll = self._last_roster = 0.0
-        self._parked: list[tuple[bytes, str, str, float]] = []  # notices waiting for the next roster read
+        self._reader: threading.Thread | None = None
+        self._read_roster_now = threading.Event()  # parked notices ask for an early roster read
+        self._polled: queue.Queue[tuple[list[tuple[bytes, str]], float, float]] = queue.Queue(2)
+        # notices waiting for a roster read, each with roster_reads when it was parked
+        self._parked: list[tuple[tuple[bytes, str, str, float], int]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
         self._workers = ThreadPoolExecutor(MAX_PARALLEL_PULLS, thread_name_prefix="swarm-pull")
         self._thread = threading.Thread(target=self._run, name="swarm-exchange", daemon=True)
+        self._reader = threading.Thread(target=self._read_dht, name="swarm-dht-reader", daemon=True)
         self._thread.start()
+        self._reader.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (pulls in flight end with their own timeouts or the transport's shutdown)."""
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        self._read_roster_now.set()
+        for thread in (self._thread, self._reader):  # the reader ends once its DHT call returns
+            if thread is not None:
+                thread.join(timeout_s)
         if self._workers is not None:
             self._workers.shutdown(wait=False, cancel_futures=True)
 
@@ -156,43 +168,60 @@ class ExchangeService:
     # -- the thread ------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._guarded(self._step, "exchange service step")
+
+    def _guarded(self, step, what: str) -> None:
+        """Run ``step`` until stopped; one failure is logged, and the thread goes on."""
         failures_logged = False
         while not self._stop.is_set():
             try:
-                self._step()
+                step()
             except Exception:  # noqa: BLE001 - the data plane must outlive any one bad step
                 if not failures_logged:
-                    logger.exception("exchange service step failed; going on")
+                    logger.exception("%s failed; going on", what)
                     failures_logged = True
                 self._stop.wait(MAX_IDLE_S)
 
     def _step(self) -> None:
-        """Notices and finished pulls first, then at most one DHT read (they can take seconds on a busy
-        host: a notice never waits behind more than one)."""
+        """Notices, finished pulls and polled records; never a DHT call (the reader thread makes those)."""
         self._wake.clear()
         self._take_notices()
         self._take_results()
+        self._take_polled()
+        self._take_parked()
         self._start_pulls()
-        if time.monotonic() >= self._next_roster:
-            self._refresh_roster()
-            self._next_roster = time.monotonic() + ROSTER_REFRESH_S
-        elif time.monotonic() >= self._next_poll:
-            self._poll()
-            self._next_poll = time.monotonic() + POLL_INTERVAL_S
-            self._start_pulls()
-        wait = min(self._next_roster, self._next_poll) - time.monotonic()
-        self._wake.wait(min(max(wait, 0.0), MAX_IDLE_S))
+        self._wake.wait(MAX_IDLE_S)
+
+    # -- the DHT reader thread -----------------------------------------------------------------------
+
+    def _read_dht(self) -> None:
+        next_roster = next_poll = 0.0
+        last_roster = -ROSTER_MIN_GAP_S
+
+        def step() -> None:
+            nonlocal next_roster, next_poll, last_roster
+            now = time.monotonic()
+            if self._read_roster_now.is_set() and now >= last_roster + ROSTER_MIN_GAP_S:
+                next_roster = now
+            if now >= next_roster:
+                self._read_roster_now.clear()
+                last_roster = now
+                self._refresh_roster()
+                next_roster = time.monotonic() + ROSTER_REFRESH_S
+            elif now >= next_poll:
+                self._poll()
+                next_poll = time.monotonic() + POLL_INTERVAL_S
+            self._read_roster_now.wait(max(min(next_roster, next_poll) - time.monotonic(), 0.0))
+
+        self._guarded(step, "DHT read")
 
     def _refresh_roster(self) -> None:
-        self._last_roster = time.monotonic()
         live = self.swarm._live_peers(time.monotonic() + DHT_READ_TIMEOUT_S)  # takes swarm.lock itself
         with self.swarm.lock:
             self.live = live
             self.roster_reads += 1
             self.swarm.changed.notify_all()
-        parked, self._parked = self._parked, []
-        for notice in parked:  # their authors had no card here yet: now known, or dropped
-            self._take_notice(notice, park=False)
+        self._wake.set()  # parked notices: their authors may be known now
 
     def _poll(self) -> None:
         swarm = self.swarm
@@ -201,30 +230,63 @@ class ExchangeService:
         keys = {protocol.announce_key(swarm.swarm_id, peer): peer for peer in peers}
         t_get = time.time()
         found = swarm.transport.get_many_records(list(keys), DHT_READ_TIMEOUT_S)
-        t_seen = time.time()
-        for key, peer in keys.items():
-            record = found.get(key, {}).get(peer)
-            if record is not None:
+        records = [(found[key][peer], peer) for key, peer in keys.items() if peer in found.get(key, {})]
+        if records:
+            with contextlib.suppress(queue.Full):  # two polls not yet taken: the next one reads these again
+                self._polled.put_nowait((records, t_get, time.time()))
+            self._wake.set()
+
+    # -- on the service thread -----------------------------------------------------------------------
+
+    def _take_polled(self) -> None:
+        while True:
+            try:
+                records, t_get, t_seen = self._polled.get_nowait()
+            except queue.Empty:
+                return
+            for record, peer in records:
                 self._consider(record, peer, peer, "poll", t_get, t_seen)
+
+    def _take_parked(self) -> None:
+        """Notices whose authors had no card here, once a roster read has ended since they came: taken
+        if the author is known now; dropped if not, after a second read (the first may have begun before
+        the author's card was stored)."""
+        if not self._parked:
+            return
+        with self.swarm.lock:
+            reads = self.roster_reads
+        waiting = []
+        for notice, parked_at in self._parked:
+            if reads > parked_at and self._known(notice):
+                self._consider(*notice[:3], "notice", notice[3], notice[3])
+            elif reads >= parked_at + 2:
+                self.notices.count("unknown_author")
+            else:
+                waiting.append((notice, parked_at))
+        self._parked = waiting
+        if waiting:
+            self._read_roster_now.set()
 
     def _take_notices(self) -> None:
         for _ in range(MAX_QUEUED_NOTICES):
             try:
-                self._take_notice(self._inbox.get_nowait(), park=True)
+                notice = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if self._known(notice):
+                self._consider(*notice[:3], "notice", notice[3], notice[3])
+            elif len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
+                with self.swarm.lock:
+                    self._parked.append((notice, self.roster_reads))
+                self._read_roster_now.set()
+            else:
+                self.notices.count("unknown_author")
 
-    def _take_notice(self, notice: tuple[bytes, str, str, float], *, park: bool) -> None:
-        record, author, holder, received = notice
-        with self.swarm.lock:  # only compatible peers' batches are pulled (the roster holds no others)
-            known = author in self.swarm.roster and holder not in self.swarm._incompatible
-        if known:
-            self._consider(record, author, holder, "notice", received, received)
-        elif park and len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
-            self._parked.append(notice)
-            self._next_roster = min(self._next_roster, self._last_roster + ROSTER_MIN_GAP_S)
-        else:
-            self.notices.count("unknown_author")
+    def _known(self, notice: tuple[bytes, str, str, float]) -> bool:
+        """Only compatible peers' batches are pulled (the roster holds no others)."""
+        _, author, holder, _ = notice
+        with self.swarm.lock:
+            return author in self.swarm.roster and holder not in self.swarm._incompatible
 
     def _consider(self, record: bytes, author: str, holder: str, via: str, get_started: float, seen: float):
         """Check an announcement read from the DHT or a notice; a new one becomes pending, a known pending
@@ -240,6 +302,7 @@ class ExchangeService:
         announcement = verifier.check_announcement(record, author)
         if announcement is None:
             return
+        self.swarm.heard_from(author, announcement.timestamp)
         key = (author, announcement.payload_sha256)
         # data already pulled or accepted, announced anew: never pulled twice
         if key in self._pulled or verifier.already_accepted(announcement.payload_sha256):

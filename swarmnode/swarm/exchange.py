@@ -79,6 +79,9 @@ class Swarm:
         self._round_counts = records.RoundCounts()
         self.addrs: list[str] = []
         self.roster: dict[str, protocol.RosterCard] = {}
+        # roster peer -> when it signed its newest announcement checked here: a sign of life that does
+        # not depend on reading the roster (a loaded DHT's reads time out)
+        self._heard: dict[str, float] = {}
         self._ignored_peers: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
         # peers whose roster card names another task fingerprint: their batches are not pulled
         self._incompatible: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
@@ -240,17 +243,30 @@ class Swarm:
                     self.roster.pop(peer, None)
                     continue
                 self.roster[peer] = card
-            # a card past its DHT record's lifetime is forgotten: churn must not pile up
-            for peer in [p for p, card in self.roster.items() if now - card.timestamp > self._round_ttl_s]:
+            # a peer silent for a record lifetime (no fresh card, no announcement) is forgotten: churn must
+            # not pile up
+            for peer in [p for p in self.roster if now - self._signed_last(p) > self._round_ttl_s]:
                 del self.roster[peer]
-            # Live = from every card held, not only this read's: a read that timed out (a loaded DHT) or
-            # returned a refused card must not make known peers vanish. A crashed peer's card lingers until
-            # it expires; only recently refreshed ones are waited for.
+            for peer in [p for p in self._heard if p not in self.roster]:
+                del self._heard[peer]
+            # Live = from every card held, not only this read's, and from announcements: a read that timed
+            # out (a loaded DHT) or returned a refused card must not make known peers vanish. A crashed
+            # peer lingers until its card expires; only recently heard-of ones are waited for.
             return {
                 peer
-                for peer, card in self.roster.items()
-                if now - card.timestamp < self._round_ttl_s / 2 and not self.book.is_banned(peer)
+                for peer in self.roster
+                if now - self._signed_last(peer) < self._round_ttl_s / 2 and not self.book.is_banned(peer)
             }
+
+    def _signed_last(self, peer: str) -> float:
+        """When a roster peer last signed something we checked: its card or an announcement."""
+        return max(self.roster[peer].timestamp, self._heard.get(peer, 0.0))
+
+    def heard_from(self, peer: str, signed_at: float) -> None:
+        """A roster peer's new announcement passed its checks (signature, freshness): it is alive."""
+        with self.lock:
+            if peer in self.roster:
+                self._heard[peer] = max(self._heard.get(peer, 0.0), signed_at)
 
     def wait_for_peers(self) -> set[str]:
         """Block until ``swarm.min_peers`` live peers are in the roster, or ``wait_for_peers_s`` passes."""
@@ -269,7 +285,10 @@ class Swarm:
         return live
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
-        """Publish ``local``, wait (bounded by the deadline) for peers, return up to J peer groups."""
+        """Publish ``local``, return up to J peer groups from the pool. It waits (bounded by the deadline)
+        only while the pool lacks J informative groups that arrived this round and some live peer has not
+        delivered yet: peers' batches are pulled in the background while this node samples and trains."""
+        wanted = self.cfg.swarm.peer_groups_per_round
         t_start = time.time()
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
         self.announcer.set_progress(round_, policy_version)
@@ -285,11 +304,13 @@ class Swarm:
                 live = {peer for peer in live if peer in self.roster and not self.book.is_banned(peer)}
                 if not live or live <= self._settled or time.monotonic() >= deadline:
                     break
+                if self.pool.can_fill(wanted, since_round=round_):
+                    break
                 self.changed.wait(max(deadline - time.monotonic(), 0.0))
             delivered = len(live & self._settled)
             self._settled.clear()
             self._round = round_ + 1  # batches arriving from now on are fresh for our next round
-            chosen = self.pool.select(self.cfg.swarm.peer_groups_per_round)
+            chosen = self.pool.select(wanted)
             self.counters.groups_trained += len(chosen)
         self._trace(
             "exchange", round=round_, started=t_start, ended=time.time(), live=len(live), delivered=delivered,

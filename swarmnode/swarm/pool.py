@@ -3,7 +3,8 @@
 A group's identity is its content (``group_digest``: task and completion texts), whoever sent it, so
 the same completions re-signed in a new batch are never trained on twice. The pool keeps the newest
 ``MAX_POOL_GROUPS``, at most ``MAX_POOL_GROUPS_PER_PRODUCER`` of them from one producer (so one peer
-cannot flood the others' groups out); ``select`` takes the round's J groups: zero-advantage groups
+cannot flood the others' groups out); ``can_fill`` tells a round whether it has enough fresh groups to
+stop waiting; ``select`` takes the round's J groups: zero-advantage groups
 dropped after local re-scoring, then round-robin across producers (the producer with the freshest group
 first, ties at random), each producer's freshest group first, at most ``producer_cap(J)`` from one
 producer. Each group is trained on at most once.
@@ -93,6 +94,17 @@ class GroupPool:
             if held[producer] <= MAX_POOL_GROUPS_PER_PRODUCER:
                 kept.append(pooled)
         self.groups = kept[:MAX_POOL_GROUPS][::-1]
+
+    def can_fill(self, count: int, since_round: int) -> bool:
+        """Whether the pool holds ``count`` informative groups that arrived in our round ``since_round`` or
+        later, counting at most ``producer_cap(count)`` per producer (all ``select`` takes from one): then a
+        round need not wait for more."""
+        fresh = Counter(
+            p.group.provenance.producer
+            for p in self.groups
+            if p.group.informative and p.arrived_round >= since_round
+        )
+        return sum(min(n, producer_cap(count)) for n in fresh.values()) >= count
 
     def select(self, count: int) -> list[RolloutGroup]:
         """SAPO choice, capped per producer: informative groups only, round-robin across producers

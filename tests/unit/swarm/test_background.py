@@ -32,6 +32,7 @@ class ScriptedNet:
         self.payloads: dict[bytes, bytes] = {}
         self.behaviour: dict[str, str] = {}  # holder -> "serve" (default) / "silent" / "unreachable"
         self.serve_delay_s = 0.0
+        self.read_delay_s = 0.0  # every DHT read takes this long (a loaded host's DHT)
         self.calls: list[tuple[str, float, float]] = []  # holder, start (monotonic), timeout_s
         self.held: list[bytes] = []
         self.in_flight = self.max_in_flight = 0
@@ -42,6 +43,7 @@ class ScriptedNet:
         self.client_mode = False
 
     def get_many_records(self, keys, timeout_s=None):
+        time.sleep(self.read_delay_s)
         return {k: dict(self.records[k]) for k in keys if k in self.records}
 
     def put_record(self, key, subkey, value, ttl_s, timeout_s=None):
@@ -85,13 +87,13 @@ class ScriptedNet:
 class Author:
     """A peer with a roster card in the scripted DHT that publishes real signed batches."""
 
-    def __init__(self, net: ScriptedNet, swarm_id: str, bank):
+    def __init__(self, net: ScriptedNet, swarm_id: str, bank, card_age_s: float = 0.0):
         self.identity = Identity.generate()
         self.peer_id = self.identity.peer_id
         self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
         card = protocol.RosterCard(
             peer_id=self.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
-            policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=self.next_seq(),
+            policy_version=0, round=0, addrs=(), timestamp=time.time() - card_age_s, seq=self.next_seq(),
             extra=roster_extra(bank.fingerprint),
         )  # fmt: skip
         key = protocol.roster_keys(swarm_id)[0]
@@ -133,7 +135,9 @@ def world(tmp_path, bank, monkeypatch):
     net = ScriptedNet()
     swarm.transport = net
     world = SimpleNamespace(
-        swarm=swarm, net=net, authors=lambda n: [Author(net, swarm.swarm_id, bank) for _ in range(n)]
+        swarm=swarm,
+        net=net,
+        authors=lambda n, **kw: [Author(net, swarm.swarm_id, bank, **kw) for _ in range(n)],
     )
     yield world
     swarm.service.stop()
@@ -281,3 +285,37 @@ def test_a_roster_read_that_times_out_does_not_make_known_peers_vanish(world):
     saved, world.net.records = world.net.records, {}  # the next read answers nothing, as a timed-out one
     assert world.swarm._live_peers() == {a.peer_id for a in authors}
     world.net.records = saved
+
+
+def test_a_slow_dht_read_holds_up_neither_notices_nor_pulls(world):
+    """DHT reads run on their own thread: while one takes seconds (a loaded host), a notice is checked
+    and its batch pulled and verified at once."""
+    swarm = world.swarm
+    (author,) = world.authors(1)
+    swarm.service.start()
+    assert wait_until(lambda: author.peer_id in swarm.service.live, 5)
+    world.net.read_delay_s = 3.0
+    time.sleep(0.5)  # a roster read or a poll is under way now, and the next one too
+    record, _ = author.publish(announce=False)
+    started = time.monotonic()
+    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
+    assert wait_until(lambda: received(swarm) == 1, 5)
+    assert time.monotonic() - started < 1.5  # not behind a 3 s read
+    world.net.read_delay_s = 0.0
+
+
+def test_a_peer_whose_announcements_arrive_stays_live_while_its_card_ages(world):
+    """Liveness does not hang on roster reads: an announcement signed by the peer (checked) counts as a
+    sign of life, like a fresh card. Its card alone (40 s old, past half the 60 s record lifetime) would
+    not make it live, and without a card nobody is live, whatever it announces."""
+    swarm = world.swarm
+    (author,) = world.authors(1, card_age_s=40.0)
+    assert swarm._live_peers() == set()
+    record, _ = author.publish(announce=False)
+    swarm.service._consider(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0)
+    assert swarm._live_peers() == {author.peer_id}
+    world.net.records.clear()  # its card gone from the DHT: still held, still live by its announcement
+    assert swarm._live_peers() == {author.peer_id}
+    stranger = Identity.generate().peer_id
+    swarm.heard_from(stranger, time.time())
+    assert swarm._live_peers() == {author.peer_id}

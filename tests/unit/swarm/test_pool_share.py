@@ -89,3 +89,20 @@ def test_ties_are_broken_by_os_randomness_not_by_the_peer_id() -> None:
             pool.add(groups(peer, 20, 1), 1)
         picks.add(tuple(g.ref.index for g in pool.select(3)))
     assert len(picks) > 1
+
+
+def test_a_round_stops_waiting_only_when_select_would_fill_j_with_fresh_groups() -> None:
+    """``can_fill`` counts what ``select`` may take: one flooding producer alone never fills J (its cap),
+    groups from an earlier round do not count, uninformative groups do not count, and J = 0 never waits."""
+    pool = GroupPool(random.Random(0))
+    pool.add(groups(HONEST[0], 4, 1), 1)  # last round's: not fresh for round 2
+    pool.add(groups(HOSTILE, 64, 2), 2)
+    assert not pool.can_fill(4, since_round=2)  # 64 fresh groups, but at most producer_cap(4) = 2 count
+    flat = [g.__class__(**{**g.__dict__, "rewards": (0.5, 0.5)}) for g in groups(HONEST[1], 4, 2, start=100)]
+    pool.add(flat, 2)  # zero advantage: select drops them
+    assert not pool.can_fill(4, since_round=2)
+    pool.add(groups(HONEST[2], 1, 2), 2)
+    assert not pool.can_fill(4, since_round=2)  # 2 + 1
+    pool.add(groups(HONEST[2], 1, 2, start=1), 2)
+    assert pool.can_fill(4, since_round=2) and pool.can_fill(0, since_round=2)
+    assert len(pool.select(4)) == 4
