@@ -10,7 +10,8 @@ a leak grows it, while RSS also moves when the kernel reclaims and re-reads file
 libraries, mapped files), which it does a lot on a machine short of memory; there is no swap here, so
 anonymous pages stay resident.
 
-Per node and round the peak of each series while that round ran is kept; the slope per round is the
+Per node and round the peak of each memory series and the floor of open files while that round ran
+are kept (``per_round``); the slope per round is the
 least-squares fit over the rounds after ``--warmup`` (allocator and cache warm-up) and before the last
 ``--cooldown`` (nodes that finish leave, and their peers then stop hearing from them). What the
 report says, per node and in all: exit code, rounds completed, the slopes (RSS KiB/round, fds/round),
@@ -145,11 +146,15 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 
 def per_round(trace: NodeTrace, name: str) -> dict[int, float]:
-    """Peak of a series while each round ran (samples taken with r rounds completed belong to round r+1)."""
-    peaks: dict[int, float] = {}
+    """Peak of a memory series, floor of open files, while each round ran (samples taken with r rounds
+    completed belong to round r+1). A leak raises the floor of open files; streams in flight (pulls and
+    notices go on in the background while a node samples and trains) raise only the peaks."""
+    pick = min if name.startswith("fds_") else max
+    values: dict[int, float] = {}
     for s in trace.samples:
-        peaks[s.round + 1] = max(peaks.get(s.round + 1, 0.0), s.values[name])
-    return peaks
+        r = s.round + 1
+        values[r] = pick(values[r], s.values[name]) if r in values else s.values[name]
+    return values
 
 
 def analyse_node(
