@@ -67,6 +67,7 @@ class Announcer:
         self.roster_size = roster_size
         self.addrs: tuple[str, ...] = ()
         self.announced = 0  # online cards stored (a count to check the timer by)
+        self.card_record = b""  # the latest online card signed: notices carry it (swarm.notices)
         self._progress = (0, 0)  # (round, policy version) the next card carries
         self._lock = threading.Lock()
         self._seq = 0
@@ -105,6 +106,8 @@ class Announcer:
         """Sign and store a card now (for RECORD_LIFETIME_S, online or offline); False if the DHT did not
         take it (the next period tries again)."""
         record = codec.encode_message(self.identity, self.swarm_id, self.card(offline=offline))
+        if not offline:
+            self.card_record = record
         key = protocol.roster_key(self.swarm_id, self.identity.peer_id)
         stored = self.transport.put_record(
             key, self.identity.peer_id, record, RECORD_LIFETIME_S, timeout_s=timeout_s

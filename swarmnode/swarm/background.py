@@ -28,8 +28,8 @@ vocabulary size was read once at construction; the ``TaskBank`` is the verifier'
 dataset cache is not safe to share with the sampling thread).
 
 Every loop is bounded: the thread wakes at least every MAX_IDLE_S, each wake drains at most
-MAX_QUEUED_NOTICES notices, and pending batches are capped at MAX_PENDING (oldest dropped) and expire
-with their announcement.
+MAX_QUEUED_NOTICES notices per pass and handles at most MAX_PENDING finished pulls, and pending batches
+are capped at MAX_PENDING (oldest dropped) and expire with their announcement.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
 MAX_QUEUED_NOTICES = 256  # notices received and not yet checked (the notice handler drops beyond)
+MAX_QUEUED_POLLS = 2  # polls read and not yet checked (beyond: dropped, the next poll reads them again)
 # notices whose author is not in the roster yet (it may have just joined) wait for the next roster read,
 # asked for at once but started at most every ROSTER_MIN_GAP_S; beyond this many they are dropped as
 # unknown_author
@@ -115,7 +116,8 @@ class ExchangeService:
         # answers peers' dial-back checks and remembers who failed: peers behind NAT, to offer batches to
         self.dialback = reachability.DialbackServer()
         swarm.transport.stream_handlers[reachability.DIALBACK_STREAM] = self.dialback.handle
-        self._inbox: queue.Queue[tuple[bytes, str, str, float]] = queue.Queue(MAX_QUEUED_NOTICES)
+        # notices: (announcement record, author, holder, time received, author's card record or b"")
+        self._inbox: queue.Queue[tuple[bytes, str, str, float, bytes]] = queue.Queue(MAX_QUEUED_NOTICES)
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -128,9 +130,10 @@ class ExchangeService:
         self._thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._read_roster_now = threading.Event()  # parked notices ask for an early roster read
-        self._polled: queue.Queue[tuple[list[tuple[bytes, str]], float, float]] = queue.Queue(2)
+        # polled (record, author) lists with the read's start and end times
+        self._polled: queue.Queue[tuple[list, float, float]] = queue.Queue(MAX_QUEUED_POLLS)
         # notices waiting for a roster read, each with roster_reads when it was parked
-        self._parked: list[tuple[tuple[bytes, str, str, float], int]] = []
+        self._parked: list[tuple[tuple[bytes, str, str, float, bytes], int]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -154,12 +157,12 @@ class ExchangeService:
 
     # -- entry points from other threads -----------------------------------------------------------
 
-    def add_candidate(self, record: bytes, author: str, holder: str) -> bool:
+    def add_candidate(self, record: bytes, author: str, holder: str, card: bytes = b"") -> bool:
         """A notice: ``holder`` says ``author``'s announcement ``record`` is out and it can serve the
-        batch. Thread-safe and non-blocking (the notice handler calls it on the transport's loop); False
-        when MAX_QUEUED_NOTICES wait already."""
+        batch; ``card`` is the author's roster card record, or empty. Thread-safe and non-blocking (the
+        notice handler calls it on the transport's loop); False when MAX_QUEUED_NOTICES wait already."""
         try:
-            self._inbox.put_nowait((bytes(record), author, holder, time.time()))
+            self._inbox.put_nowait((bytes(record), author, holder, time.time(), bytes(card)))
         except queue.Full:
             return False
         self._wake.set()
@@ -183,14 +186,23 @@ class ExchangeService:
                 self._stop.wait(MAX_IDLE_S)
 
     def _step(self) -> None:
-        """Notices, finished pulls and polled records; never a DHT call (the reader thread makes those)."""
+        """Notices, polled records and finished pulls; never a DHT call (the reader thread makes those).
+        Pulls start before any verification and again after each one: they wait on the network, while
+        verifying a batch takes CPU (tenths of a second on a busy host) and would hold them up."""
         self._wake.clear()
+        self._take_announcements()
+        for _ in range(MAX_PENDING):
+            if not self._take_result():
+                break
+            self._take_announcements()
+        self._wake.wait(MAX_IDLE_S)
+
+    def _take_announcements(self) -> None:
+        """Everything that announces batches (notices, polls, notices parked for the roster), then pulls."""
         self._take_notices()
-        self._take_results()
         self._take_polled()
         self._take_parked()
         self._start_pulls()
-        self._wake.wait(MAX_IDLE_S)
 
     # -- the DHT reader thread -----------------------------------------------------------------------
 
@@ -232,7 +244,7 @@ class ExchangeService:
         found = swarm.transport.get_many_records(list(keys), DHT_READ_TIMEOUT_S)
         records = [(found[key][peer], peer) for key, peer in keys.items() if peer in found.get(key, {})]
         if records:
-            with contextlib.suppress(queue.Full):  # two polls not yet taken: the next one reads these again
+            with contextlib.suppress(queue.Full):  # MAX_QUEUED_POLLS wait: the next poll reads these again
                 self._polled.put_nowait((records, t_get, time.time()))
             self._wake.set()
 
@@ -273,6 +285,8 @@ class ExchangeService:
                 notice = self._inbox.get_nowait()
             except queue.Empty:
                 return
+            if notice[4] and not self._known(notice):  # the author's card came along: checked as if read
+                self.swarm.admit_card(notice[1], notice[4], time.time())
             if self._known(notice):
                 self._consider(*notice[:3], "notice", notice[3], notice[3])
             elif len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
@@ -282,9 +296,9 @@ class ExchangeService:
             else:
                 self.notices.count("unknown_author")
 
-    def _known(self, notice: tuple[bytes, str, str, float]) -> bool:
+    def _known(self, notice: tuple[bytes, str, str, float, bytes]) -> bool:
         """Only compatible peers' batches are pulled (the roster holds no others)."""
-        _, author, holder, _ = notice
+        _, author, holder, *_ = notice
         with self.swarm.lock:
             return author in self.swarm.roster and holder not in self.swarm._incompatible
 
@@ -371,16 +385,15 @@ class ExchangeService:
         self._done.put((key, holder, data, error, started, time.time()))
         self._wake.set()
 
-    def _take_results(self) -> None:
-        while True:
-            try:
-                key, holder, data, error, started, fetched = self._done.get_nowait()
-            except queue.Empty:
-                return
-            self._in_flight -= 1
-            pending = self._pending.get(key)
-            if pending is None:  # dropped meanwhile (MAX_PENDING)
-                continue
+    def _take_result(self) -> bool:
+        """One finished pull, handled (verified if it arrived); False if none was waiting."""
+        try:
+            key, holder, data, error, started, fetched = self._done.get_nowait()
+        except queue.Empty:
+            return False
+        self._in_flight -= 1
+        pending = self._pending.get(key)
+        if pending is not None:  # else dropped meanwhile (MAX_PENDING)
             pending.pulling = False
             ann = pending.announcement
             trace = {
@@ -392,6 +405,7 @@ class ExchangeService:
                 self._received(key, pending, holder, data, trace)
             else:
                 self._failed(key, pending, holder, error, trace)
+        return True
 
     def _failed(self, key: tuple[str, bytes], pending: _Pending, holder: str, reason: str, trace: dict):
         """Back off a holder that timed out or could not be reached; an oversized frame costs its sender a

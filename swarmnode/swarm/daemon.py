@@ -118,7 +118,9 @@ def start_dht(
 
     from swarmnode.swarm.dht_guard import SignedRecordValidator, install_bounded_storage
 
-    kwargs: dict[str, Any] = {}
+    # p2pd gets the whole start budget (hivemind's own default is 15 s: at 32 nodes starting at once on
+    # 2 cores, two of them did not make it)
+    kwargs: dict[str, Any] = {"startup_timeout": start_timeout_s}
     if swarm.announce_maddrs:
         kwargs["announce_maddrs"] = list(swarm.announce_maddrs)
     if client:  # reserve a relay slot at once instead of waiting for AutoNAT to call this node private

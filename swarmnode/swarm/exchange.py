@@ -164,7 +164,7 @@ class Swarm:
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
         with self.lock:
             peers = [peer for peer in self.roster if not self.book.is_banned(peer)]
-        notices.notify(self.transport, peers, self.identity.peer_id, record)
+        notices.notify(self.transport, peers, self.identity.peer_id, record, self.announcer.card_record)
 
         def store_fallback() -> None:
             """The DHT record: for peers the notices missed. Off the round's path, one store at a time."""
@@ -186,63 +186,14 @@ class Swarm:
     # -- collecting ------------------------------------------------------------------------------
 
     def _live_peers(self, deadline: float | None = None) -> set[str]:
-        """Compatible peers in the roster (foreign or incompatible ones are ignored with one line).
-
-        A card counts only when it is fresh (signed within the records' lifetime, not ahead of our clock
-        by more than the protocol's skew) and its seq is not older than one already seen from that peer;
-        the roster holds at most MAX_ROSTER_PEERS cards. Refused cards are counted by reason."""
+        """Compatible peers in the roster (foreign or incompatible ones are ignored with one line), after
+        reading every roster card in the DHT (``admit_card``)."""
         keys = protocol.roster_keys(self.swarm_id)
         shards = self.transport.get_many_records(keys, self._dht_wait(deadline))
         now = time.time()
         with self.lock:  # the roster is shared with the round thread (status, notices)
             for peer, record in (item for shard in shards.values() for item in shard.items()):
-                if peer == self.identity.peer_id:
-                    continue
-                if peer not in self.roster and len(self.roster) >= MAX_ROSTER_PEERS:
-                    self.counters.roster_refused["roster_full"] += 1
-                    continue
-                try:
-                    card, _ = codec.decode_message(
-                        record,
-                        swarm_id=self.swarm_id,
-                        expected_type=protocol.ROSTER_CARD,
-                        expected_peer_id=peer,
-                    )
-                except protocol.ProtocolError as exc:
-                    self.counters.roster_refused[exc.reason] += 1
-                    if peer not in self._ignored_peers:
-                        self._ignored_peers.add(peer)
-                        log(f"ignoring peer {ascii(peer[:16])}...: roster card rejected ({exc.reason})")
-                    continue
-                if card.protocol_version != protocol.PROTOCOL_VERSION:
-                    if peer not in self._ignored_peers:
-                        self._ignored_peers.add(peer)
-                        log(f"ignoring peer {ascii(peer[:16])}...: speaks protocol v{card.protocol_version}")
-                    continue
-                if card_fingerprint(card) != self.verifier.bank.fingerprint:  # skipped, never charged
-                    self._incompatible.add(peer)
-                    self.roster.pop(peer, None)
-                    if peer not in self._ignored_peers:
-                        self._ignored_peers.add(peer)
-                        log(f"ignoring peer {ascii(peer[:16])}...: another task mix or scorer version")
-                    continue
-                self._incompatible.discard(peer)
-                try:
-                    protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
-                    digest = protocol.payload_digest(record)
-                    seen_as = self.book.check_sequence(
-                        peer, protocol.ROSTER_CARD, card.seq, digest, card.timestamp
-                    )
-                except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
-                    self.counters.roster_refused[exc.reason] += 1
-                    continue
-                if seen_as == "superseded":  # older than a card already admitted (a lagging replica's)
-                    continue
-                # it stopped cleanly: not waited for, until a later online card says otherwise
-                if card.offline:
-                    self.roster.pop(peer, None)
-                    continue
-                self.roster[peer] = card
+                self.admit_card(peer, record, now)
             # a peer silent for a record lifetime (no fresh card, no announcement) is forgotten: churn must
             # not pile up
             for peer in [p for p in self.roster if now - self._signed_last(p) > self._round_ttl_s]:
@@ -257,6 +208,56 @@ class Swarm:
                 for peer in self.roster
                 if now - self._signed_last(peer) < self._round_ttl_s / 2 and not self.book.is_banned(peer)
             }
+
+    def admit_card(self, peer: str, record: bytes, now: float) -> None:
+        """A roster card record, read from the DHT or carried by a notice: into the roster if valid.
+
+        A card counts only when it is fresh (signed within the records' lifetime, not ahead of our clock
+        by more than the protocol's skew) and its seq is not older than one already seen from that peer;
+        the roster holds at most MAX_ROSTER_PEERS cards. Refused cards are counted by reason."""
+        with self.lock:
+            if peer == self.identity.peer_id:
+                return
+            if peer not in self.roster and len(self.roster) >= MAX_ROSTER_PEERS:
+                self.counters.roster_refused["roster_full"] += 1
+                return
+            try:
+                card, _ = codec.decode_message(
+                    record, swarm_id=self.swarm_id, expected_type=protocol.ROSTER_CARD, expected_peer_id=peer
+                )
+            except protocol.ProtocolError as exc:
+                self.counters.roster_refused[exc.reason] += 1
+                self._ignore(peer, f"roster card rejected ({exc.reason})")
+                return
+            if card.protocol_version != protocol.PROTOCOL_VERSION:
+                self._ignore(peer, f"speaks protocol v{card.protocol_version}")
+                return
+            if card_fingerprint(card) != self.verifier.bank.fingerprint:  # skipped, never charged
+                self._incompatible.add(peer)
+                self.roster.pop(peer, None)
+                self._ignore(peer, "another task mix or scorer version")
+                return
+            self._incompatible.discard(peer)
+            try:
+                protocol.check_fresh(card.timestamp, now, max_age=self._round_ttl_s)
+                seen_as = self.book.check_sequence(
+                    peer, protocol.ROSTER_CARD, card.seq, protocol.payload_digest(record), card.timestamp
+                )
+            except protocol.ProtocolError as exc:  # stale, future-dated or replayed: never live
+                self.counters.roster_refused[exc.reason] += 1
+                return
+            if seen_as == "superseded":  # older than a card already admitted (a lagging replica's)
+                return
+            if card.offline:  # it stopped cleanly: not waited for, until a later online card says otherwise
+                self.roster.pop(peer, None)
+            else:
+                self.roster[peer] = card
+
+    def _ignore(self, peer: str, why: str) -> None:
+        """Say once per peer why its card is not taken."""
+        if peer not in self._ignored_peers:
+            self._ignored_peers.add(peer)
+            log(f"ignoring peer {ascii(peer[:16])}...: {why}")
 
     def _signed_last(self, peer: str) -> float:
         """When a roster peer last signed something we checked: its card or an announcement."""

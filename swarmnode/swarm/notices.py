@@ -2,17 +2,19 @@
 
 One notice per stream on ``NOTICE_STREAM`` (PROTOCOL.md section 9.3), sender to receiver, no answer: a
 4-byte big-endian length n (1..MAX_NOTICE_BYTES), then n bytes: one byte a, the author's base58 peer id
-in a bytes (1..MAX_PEER_ID_BYTES), and the author's signed announcement record (the same bytes it stored
-in the DHT). The stream's peer is the *holder*: the author itself, or a peer that holds the batch and
-can serve it (``notify_one``). A notice is a hint, not a trust anchor: the record is checked exactly like
-one read from the DHT (signature, freshness, seq) by the exchange service, and the batch pulled is
-checked against the author's signature whoever serves it.
+in a bytes (1..MAX_PEER_ID_BYTES), a 2-byte big-endian length r, the author's signed announcement record
+in r bytes (the same bytes it stored in the DHT), and the rest: the author's signed roster card record,
+or nothing. The stream's peer is the *holder*: the author itself, or a peer that holds the batch and can
+serve it (``notify_one``). A notice is a hint, not a trust anchor: the records are checked exactly like
+ones read from the DHT (signature, freshness, seq; the card also for its task fingerprint) by the
+exchange service, and the batch pulled is checked against the author's signature whoever serves it. The
+card lets a receiver whose roster reads time out (a loaded DHT) learn of the author at once.
 
 Receiving (``NoticeReceiver.handle``, on the transport's event loop; it never blocks it): a sender the
 peer filter refuses, or one past MAX_NOTICE_STREAMS streams at once, is closed unread; each sender spends
 one token of a bucket refilled at NOTICES_PER_MIN (NOTICE_BURST deep; MAX_NOTICE_SENDERS senders
 remembered); the frame must arrive within NOTICE_READ_TIMEOUT_S and a length over MAX_NOTICE_BYTES is
-refused before the body. A well-formed notice goes to ``on_notice(record, author, holder)`` (the
+refused before the body. A well-formed notice goes to ``on_notice(record, author, holder, card)`` (the
 service's non-blocking ``add_candidate``), which returns False when its bounded queue is full. Every
 outcome is counted in ``counts`` by ``NOTICE_OUTCOMES``; none escapes.
 """
@@ -40,8 +42,9 @@ from swarmnode.swarm.protocol import (
 
 logger = logging.getLogger(__name__)
 
-NOTICE_STREAM = "/swarmnode/notice/1"
-MAX_NOTICE_BYTES = 1 + MAX_PEER_ID_BYTES + MAX_RECORD_BYTES  # one author id and one DHT record
+NOTICE_STREAM = "/swarmnode/notice/2"  # /1 carried no roster card
+RECORD_LENGTH_BYTES = 2
+MAX_NOTICE_BYTES = 1 + MAX_PEER_ID_BYTES + RECORD_LENGTH_BYTES + 2 * MAX_RECORD_BYTES  # id, two DHT records
 NOTICE_READ_TIMEOUT_S = 1.0  # the sender writes its frame as soon as the stream opens
 NOTICE_SEND_TIMEOUT_S = 2.0  # fire-and-forget: a peer that does not take a notice in time misses it
 NOTICES_PER_MIN = 120.0  # per sender: an honest node sends one per batch (a holder one per batch it holds)
@@ -55,31 +58,40 @@ NOTICE_OUTCOMES = (
 )  # fmt: skip
 
 
-def encode_notice(author: str, record: bytes) -> bytes:
-    """The whole notice frame: header, author id, record."""
+def encode_notice(author: str, record: bytes, card: bytes = b"") -> bytes:
+    """The whole notice frame: header, author id, announcement record, roster card record (or none)."""
     author_bytes = author.encode("ascii")
     if not 0 < len(author_bytes) <= MAX_PEER_ID_BYTES or not 0 < len(record) <= MAX_RECORD_BYTES:
         raise ValueError("a notice carries one peer id and one DHT record")
-    body = bytes([len(author_bytes)]) + author_bytes + bytes(record)
+    if len(card) > MAX_RECORD_BYTES:
+        raise ValueError("a roster card is one DHT record")
+    body = bytes([len(author_bytes)]) + author_bytes + len(record).to_bytes(RECORD_LENGTH_BYTES, "big")
+    body += bytes(record) + bytes(card)
     return encode_frame_header(len(body), MAX_NOTICE_BYTES) + body
 
 
-def parse_notice(body: bytes) -> tuple[str, bytes]:
-    """(author, record) from a notice body; ProtocolError("malformed") if it is not one."""
+def parse_notice(body: bytes) -> tuple[str, bytes, bytes]:
+    """(author, announcement record, card record or b"") from a notice body; ProtocolError("malformed")
+    if it is not one."""
     n = body[0] if body else 0
-    if not 0 < n <= MAX_PEER_ID_BYTES or len(body) <= 1 + n:
+    start = 1 + n + RECORD_LENGTH_BYTES
+    if not 0 < n <= MAX_PEER_ID_BYTES or len(body) < start:
         raise ProtocolError("malformed", "a notice is an author id and a record")
     try:
         author = body[1 : 1 + n].decode("ascii")
     except UnicodeDecodeError:
         raise ProtocolError("malformed", "the author id is not ASCII") from None
-    return author, body[1 + n :]
+    r = int.from_bytes(body[1 + n : start], "big")
+    card = body[start + r :]
+    if not 0 < r <= MAX_RECORD_BYTES or len(body) < start + r or len(card) > MAX_RECORD_BYTES:
+        raise ProtocolError("malformed", "the records' lengths do not fit the notice")
+    return author, body[start : start + r], card
 
 
 class NoticeReceiver:
     """The notice stream handler and its bounds (module docstring); ``counts`` is thread-safe to read."""
 
-    def __init__(self, on_notice: Callable[[bytes, str, str], bool], allow: Callable[[str], bool]):
+    def __init__(self, on_notice: Callable[[bytes, str, str, bytes], bool], allow: Callable[[str], bool]):
         self._on_notice = on_notice
         self._allow = allow
         self.counts: Counter[str] = Counter()
@@ -117,8 +129,9 @@ class NoticeReceiver:
                 return
             self._streams += 1
             reading = True
-            author, record = parse_notice(await asyncio.wait_for(_read_frame(reader), NOTICE_READ_TIMEOUT_S))
-            self.count("received" if self._on_notice(record, author, holder) else "queue_full")
+            body = await asyncio.wait_for(_read_frame(reader), NOTICE_READ_TIMEOUT_S)
+            author, record, card = parse_notice(body)
+            self.count("received" if self._on_notice(record, author, holder, card) else "queue_full")
         except TimeoutError:
             self.count("timeout")
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -170,13 +183,16 @@ async def _send(p2p: Any, peer_id: str, frame: bytes, slots: asyncio.Semaphore) 
                     writer.close()
 
 
-def notify(transport: Any, peers: list[str], author: str, record: bytes) -> concurrent.futures.Future | None:
-    """Push ``author``'s announcement ``record`` to ``peers`` at once, concurrently (at most
-    MAX_PARALLEL_NOTICE_SENDS streams), without waiting: the future's result is how many took it. None if
-    the transport is not running. A peer that misses it finds the batch at its next DHT poll."""
+def notify(
+    transport: Any, peers: list[str], author: str, record: bytes, card: bytes = b""
+) -> concurrent.futures.Future | None:
+    """Push ``author``'s announcement ``record`` (and its roster ``card``, if given) to ``peers`` at once,
+    concurrently (at most MAX_PARALLEL_NOTICE_SENDS streams), without waiting: the future's result is how
+    many took it. None if the transport is not running. A peer that misses it finds the batch at its next
+    DHT poll."""
     if not peers:
         return None
-    frame = encode_notice(author, record)
+    frame = encode_notice(author, record, card)
 
     async def broadcast(p2p: Any) -> int:
         slots = asyncio.Semaphore(MAX_PARALLEL_NOTICE_SENDS)

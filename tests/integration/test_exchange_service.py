@@ -177,9 +177,9 @@ def test_notice_bounds_against_a_real_sender(tmp_path):
         Identity.generate().save(keys[name])
     inbox: queue.Queue = queue.Queue(maxsize=3)  # a bounded queue, like the service's
 
-    def take(record: bytes, author: str, holder: str) -> bool:
+    def take(record: bytes, author: str, holder: str, card: bytes) -> bool:
         try:
-            inbox.put_nowait((record, author, holder))
+            inbox.put_nowait((record, author, holder, card))
             return True
         except queue.Full:
             return False
@@ -196,7 +196,10 @@ def test_notice_bounds_against_a_real_sender(tmp_path):
         _send_raw(x, r.peer_id, [header, b"\0" * 1024])  # the worst case: the body is never read
         _send_raw(x, r.peer_id, [(5).to_bytes(4, "big"), b"\x09abcd"])  # an author id longer than the frame
         _send_raw(x, r.peer_id, [])  # opens and says nothing
-        frame = notices.encode_notice(x.peer_id, b"r" * protocol.MAX_RECORD_BYTES)
+        # the largest notice: an announcement and a card of the largest record size each
+        frame = notices.encode_notice(
+            x.peer_id, b"r" * protocol.MAX_RECORD_BYTES, b"c" * protocol.MAX_RECORD_BYTES
+        )
         for _ in range(notices.NOTICE_BURST + 4):
             _send_raw(x, r.peer_id, [frame])
         counts = receiver.snapshot()

@@ -19,7 +19,7 @@ import pytest
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm import background, codec, convert, exchange, protocol
+from swarmnode.swarm import background, codec, convert, exchange, notices, protocol
 from swarmnode.swarm.verify import roster_extra
 from tests.helpers.verify_world import Peer
 
@@ -96,8 +96,8 @@ class Author:
             policy_version=0, round=0, addrs=(), timestamp=time.time() - card_age_s, seq=self.next_seq(),
             extra=roster_extra(bank.fingerprint),
         )  # fmt: skip
-        key = protocol.roster_keys(swarm_id)[0]
-        net.put_record(key, self.peer_id, codec.encode_message(self.identity, swarm_id, card), 60)
+        self.card_record = codec.encode_message(self.identity, swarm_id, card)
+        net.put_record(protocol.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -319,3 +319,64 @@ def test_a_peer_whose_announcements_arrive_stays_live_while_its_card_ages(world)
     stranger = Identity.generate().peer_id
     swarm.heard_from(stranger, time.time())
     assert swarm._live_peers() == {author.peer_id}
+
+
+def test_a_notice_is_pulled_while_earlier_batches_are_still_being_verified(world, monkeypatch):
+    """Verification takes CPU (tenths of a second a batch on a busy host); pulls wait on the network. A
+    batch announced while others are being verified is pulled at once, not after all of them (at 16
+    nodes on 2 cores that queue was most of the delivery time)."""
+    swarm = world.swarm
+    verify = swarm.verifier.check_batch
+
+    def slow_verify(*args, **kwargs):  # the real verification, on a host that makes it take 0.3 s
+        time.sleep(0.3)
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(swarm.verifier, "check_batch", slow_verify)
+    *early, late = world.authors(6)
+    for author in early:  # noticed before the service runs: all five pulled at once, done together
+        record, _ = author.publish(announce=False)
+        assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
+    swarm.service.start()
+    assert wait_until(lambda: received(swarm) >= 1, 5)  # verifying: four more wait, 1.2 s of work
+    record, _ = late.publish(announce=False)
+    noticed = time.monotonic()
+    assert swarm.service.add_candidate(record, late.peer_id, late.peer_id)
+    assert wait_until(lambda: any(peer == late.peer_id for peer, _, _ in world.net.calls), 5)
+    pulled_after = next(start for peer, start, _ in world.net.calls if peer == late.peer_id) - noticed
+    assert pulled_after < 0.7, pulled_after  # within about one verification, not behind all four
+    assert wait_until(lambda: received(swarm) == 6, 10)
+
+
+def test_a_notice_that_carries_its_authors_card_needs_no_roster_read(world, monkeypatch):
+    """At 32 nodes on 2 cores roster reads kept timing out and notices from authors not yet read were
+    dropped (unknown_author). The author's card comes with its notice and is checked like one read from
+    the DHT: a valid one admits the author at once; another peer's card admits nobody."""
+    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 30.0)
+    swarm = world.swarm
+    author, impostor = world.authors(2)
+    world.net.records.clear()  # no roster read will ever show them
+    swarm.service.start()
+    assert wait_until(lambda: swarm.service.roster_reads >= 1, 5)
+    record, _ = author.publish(announce=False)
+    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id, author.card_record)
+    assert wait_until(lambda: received(swarm) == 1, 5)
+    assert author.peer_id in swarm.roster
+    record, _ = impostor.publish(announce=False)
+    assert swarm.service.add_candidate(record, impostor.peer_id, impostor.peer_id, author.card_record)
+    assert wait_until(lambda: swarm.service.notices.snapshot().get("unknown_author") == 1, 10)
+    assert impostor.peer_id not in swarm.roster and received(swarm) == 1
+    assert swarm.counters.roster_refused == {"wrong_sender": 1}  # a card signed by another peer
+
+
+def test_notice_frames_carry_a_card_or_none_and_bad_lengths_are_malformed():
+    record, card = b"a" * 100, b"c" * 50
+    for sent in (b"", card):
+        frame = notices.encode_notice("12D3KooWauthor", record, sent)
+        assert notices.parse_notice(frame[protocol.FRAME_HEADER_BYTES :]) == ("12D3KooWauthor", record, sent)
+    body = notices.encode_notice("12D3KooWauthor", record)[protocol.FRAME_HEADER_BYTES :]
+    too_long = body[:15] + (101).to_bytes(2, "big") + body[17:]  # a record length past the body
+    oversized_card = body + b"c" * (protocol.MAX_RECORD_BYTES + 1)
+    for bad in (body[:16], too_long, body[:15] + b"\0\0" + body[17:], oversized_card):
+        with pytest.raises(protocol.ProtocolError):
+            notices.parse_notice(bad)
