@@ -39,6 +39,8 @@ from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_sca
 from swarmnode.learn.precision import autocast_dtype
 from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch's AdamW has a fused kernel (fp32 and bf16 weights)
+
 
 @dataclass
 class StepStats:
@@ -122,9 +124,12 @@ class Trainer:
         self.autocast = autocast_dtype(cfg.autocast, self.device, next(model.parameters()).dtype)
         self.layout = cfg.batch_layout if supports_shared_prompt(model) else "plain"
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # fused: one kernel per parameter, no temporaries (on SmolLM2's CPU step: 215 MiB less at its
+        # peak and 10x faster, docs/performance.md); where torch has no fused kernel, the for-loop one
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
-        )
+            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+            fused=self.device.type in FUSED_ADAMW_DEVICES or None,
+        )  # fmt: skip
         self.policy_version = 0
         self.reincarnated = False
 
