@@ -75,6 +75,7 @@ def seed_envelope(data: bytes) -> dict | None:
 # invalid ones (wrong field types, too many groups, ...), so mutations also walk back into validity.
 STRUCTURE_SEEDS = [(env["t"], env["b"]) for env in map(seed_envelope, MESSAGE_SEEDS) if env is not None]
 
+MSGPACK_INT_MIN, MSGPACK_INT_MAX = -(2**63), 2**64 - 1
 INT_EDGES = (0, 1, -1, 127, 128, 255, 256, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, -(2**63))
 FLOAT_EDGES = (0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), float("-inf"))
 STR_SIZES = (0, 1, 31, 32, 64, 65, 128, 129, 255, 256, 257, protocol.MAX_COMPLETION_TEXT_BYTES)
@@ -83,7 +84,7 @@ leaves = (
     st.none()
     | st.booleans()
     | st.sampled_from(INT_EDGES)
-    | st.integers(-(2**63), 2**64 - 1)
+    | st.integers(MSGPACK_INT_MIN, MSGPACK_INT_MAX)
     | st.sampled_from(FLOAT_EDGES)
     | st.floats()
     | st.text(max_size=40)
@@ -131,7 +132,9 @@ def _same_type_edge(draw, value: Any) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
-        return draw(st.sampled_from(INT_EDGES) | st.integers(value - 2, value + 2))
+        # next to the value, within what msgpack can encode at all (nobody can send more)
+        near = st.integers(max(value - 2, MSGPACK_INT_MIN), min(value + 2, MSGPACK_INT_MAX))
+        return draw(st.sampled_from(INT_EDGES) | near)
     if isinstance(value, float):
         return draw(st.sampled_from(FLOAT_EDGES))
     if isinstance(value, str):
