@@ -46,7 +46,7 @@ def nodes(monkeypatch):
         node.stop()
 
 
-# 72 s idle, ~4.5 min on 2 loaded cores (4 node processes): slow; test_announce.py checks the lifecycle by default
+# 72 s idle, ~4.5 min on 2 loaded cores (4 nodes): slow; test_announce.py checks the lifecycle by default
 @pytest.mark.slow
 def test_the_first_node_restarted_with_the_same_command_rejoins_and_its_clean_stop_is_not_waited_for(
     tmp_path, nodes
