@@ -411,7 +411,7 @@ class Verifier:
     # --- bookkeeping -----------------------------------------------------------------------------
     def _count(self, reason: str, peer: object, detail: str = "") -> None:
         self.rejections[reason] += 1
-        log.warning("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
+        log.debug("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
 
     def _internal_error(self, peer: object) -> None:
         self.rejections["internal_error"] += 1
