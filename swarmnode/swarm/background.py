@@ -42,7 +42,7 @@ import time
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from swarmnode.common import BoundedSet
 from swarmnode.errors import TransportError
@@ -89,6 +89,16 @@ def pull_timeout_s(payload_len: int) -> float:
     return min(PULL_TIMEOUT_BASE_S + max(payload_len, 0) / PULL_BYTES_PER_S, PULL_TIMEOUT_MAX_S)
 
 
+class _Notice(NamedTuple):
+    """A notice as received, waiting to be checked."""
+
+    record: bytes  # the author's signed announcement
+    author: str
+    holder: str  # the stream's peer: who says it can serve the batch
+    received: float  # time.time()
+    card: bytes  # the author's signed roster card record, or b""
+
+
 @dataclass
 class _Pending:
     """A batch announced and not yet pulled."""
@@ -116,8 +126,7 @@ class ExchangeService:
         # answers peers' dial-back checks and remembers who failed: peers behind NAT, to offer batches to
         self.dialback = reachability.DialbackServer()
         swarm.transport.stream_handlers[reachability.DIALBACK_STREAM] = self.dialback.handle
-        # notices: (announcement record, author, holder, time received, author's card record or b"")
-        self._inbox: queue.Queue[tuple[bytes, str, str, float, bytes]] = queue.Queue(MAX_QUEUED_NOTICES)
+        self._inbox: queue.Queue[_Notice] = queue.Queue(MAX_QUEUED_NOTICES)
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -133,7 +142,7 @@ class ExchangeService:
         # polled (record, author) lists with the read's start and end times
         self._polled: queue.Queue[tuple[list, float, float]] = queue.Queue(MAX_QUEUED_POLLS)
         # notices waiting for a roster read, each with roster_reads when it was parked
-        self._parked: list[tuple[tuple[bytes, str, str, float, bytes], int]] = []
+        self._parked: list[tuple[_Notice, int]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -162,7 +171,7 @@ class ExchangeService:
         batch; ``card`` is the author's roster card record, or empty. Thread-safe and non-blocking (the
         notice handler calls it on the transport's loop); False when MAX_QUEUED_NOTICES wait already."""
         try:
-            self._inbox.put_nowait((bytes(record), author, holder, time.time(), bytes(card)))
+            self._inbox.put_nowait(_Notice(bytes(record), author, holder, time.time(), bytes(card)))
         except queue.Full:
             return False
         self._wake.set()
@@ -270,7 +279,7 @@ class ExchangeService:
         waiting = []
         for notice, parked_at in self._parked:
             if reads > parked_at and self._known(notice):
-                self._consider(*notice[:3], "notice", notice[3], notice[3])
+                self._consider_notice(notice)
             elif reads >= parked_at + 2:
                 self.notices.count("unknown_author")
             else:
@@ -285,10 +294,10 @@ class ExchangeService:
                 notice = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if notice[4] and not self._known(notice):  # the author's card came along: checked as if read
-                self.swarm.admit_card(notice[1], notice[4], time.time())
+            if notice.card and not self._known(notice):  # the author's card came along: checked as if read
+                self.swarm.admit_card(notice.author, notice.card, time.time())
             if self._known(notice):
-                self._consider(*notice[:3], "notice", notice[3], notice[3])
+                self._consider_notice(notice)
             elif len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
                 with self.swarm.lock:
                     self._parked.append((notice, self.roster_reads))
@@ -296,11 +305,15 @@ class ExchangeService:
             else:
                 self.notices.count("unknown_author")
 
-    def _known(self, notice: tuple[bytes, str, str, float, bytes]) -> bool:
+    def _known(self, notice: _Notice) -> bool:
         """Only compatible peers' batches are pulled (the roster holds no others)."""
-        _, author, holder, *_ = notice
         with self.swarm.lock:
-            return author in self.swarm.roster and holder not in self.swarm._incompatible
+            return notice.author in self.swarm.roster and notice.holder not in self.swarm._incompatible
+
+    def _consider_notice(self, notice: _Notice) -> None:
+        self._consider(
+            notice.record, notice.author, notice.holder, "notice", notice.received, notice.received
+        )
 
     def _consider(self, record: bytes, author: str, holder: str, via: str, get_started: float, seen: float):
         """Check an announcement read from the DHT or a notice; a new one becomes pending, a known pending
