@@ -9,23 +9,20 @@ a training step are far larger), so the RSS follows live memory and each call's 
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 
 import torch
 
-M_MMAP_THRESHOLD = -3  # mallopt parameter (glibc malloc.h)
-MMAP_THRESHOLD_BYTES = 64 * 1024
+from swarmnode.learn.heap import return_large_blocks_on_free
+
+MMAP_THRESHOLD_BYTES = 64 * 1024  # far below the node's 4 MiB: every tensor of a step is its own mapping
 SAMPLE_S = 0.001
 
 
 def return_freed_memory() -> bool:
-    """Set glibc's mmap threshold (module docstring); False where there is no glibc."""
-    try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
-    except (OSError, AttributeError):
-        return False
+    """glibc's mmap threshold at MMAP_THRESHOLD_BYTES (module docstring); False where there is no glibc."""
+    return return_large_blocks_on_free(MMAP_THRESHOLD_BYTES)
 
 
 def _rss_bytes() -> int:

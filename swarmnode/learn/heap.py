@@ -25,11 +25,14 @@ def _libc():
         return None
 
 
-def return_large_blocks_on_free() -> None:
-    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES (once, at start); a no-op without glibc."""
+def return_large_blocks_on_free(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold (once, at start); False (and nothing done) without glibc."""
     libc = _libc()
-    if libc is not None and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    return (
+        libc is not None
+        and hasattr(libc, "mallopt")
+        and bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
+    )
 
 
 def return_freed_heap() -> None:
