@@ -16,7 +16,12 @@ from swarmnode.learn.batch import PaddedBatch, TrainSequence, pad_batch
 
 
 def completion_logprobs(
-    model, batch: PaddedBatch, temperature: float = 1.0, autocast: torch.dtype | None = None
+    model,
+    batch: PaddedBatch,
+    temperature: float = 1.0,
+    autocast: torch.dtype | None = None,
+    *,
+    fuse_head_grad: bool = False,
 ) -> torch.Tensor:
     """Log-prob of each completion token under ``model`` at the sampling temperature: [B, C] (0 where the
     mask is 0). Same temperature as the sampler, so ratios to behaviour log-probs are exact.
@@ -27,6 +32,7 @@ def completion_logprobs(
     never exist whole; models whose head is not a plain projection (bias, soft-capping, scaling) take
     the model's own head on the last C+1 positions instead (plain layout only). A shared-prompt batch
     (``batch.hidden_index`` set) gathers each token's predicting position from its rows.
+    ``fuse_head_grad``: see ``head_logprobs``.
     """
     width = batch.completion_width
     mask = batch.completion_mask
@@ -53,7 +59,9 @@ def completion_logprobs(
         else:
             rows = hidden[:, -(width + 1) : -1][mask]  # the last C positions' predictors
     out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    out[mask] = head_logprobs(rows, head.weight, targets[mask], temperature, autocast)
+    out[mask] = head_logprobs(
+        rows, head.weight, targets[mask], temperature, autocast, fuse_weight_grad=fuse_head_grad
+    )
     return out
 
 
@@ -82,12 +90,22 @@ def head_logprobs(
     temperature: float = 1.0,
     compute_dtype: torch.dtype | None = None,
     chunk: int | None = None,
+    *,
+    fuse_weight_grad: bool = False,
 ) -> torch.Tensor:
     """log softmax(hidden @ weight.T / temperature)[targets] for N rows: [N] (float32 or wider),
     differentiable in ``hidden`` and ``weight``. Rows go in chunks of ~4M logits (default), so memory
-    stays flat in N."""
+    stays flat in N.
+
+    ``fuse_weight_grad``: when the backward pass finds ``weight.grad`` already there (the trainer's flat
+    gradients), the weight's gradient is added into it chunk by chunk and autograd gets none, as
+    Megatron-LM's gradient-accumulation fusion does; otherwise a [V, H] gradient (113 MB for SmolLM2)
+    exists beside ``.grad`` at the backward pass's peak. Only for callers that read ``.grad`` after
+    ``backward()`` (not ``torch.autograd.grad``).
+    """
     chunk = chunk or max(1, 2**22 // weight.shape[0])
-    return _HeadLogprobs.apply(hidden, weight, targets, temperature, compute_dtype or weight.dtype, chunk)
+    dtype = compute_dtype or weight.dtype
+    return _HeadLogprobs.apply(hidden, weight, targets, temperature, dtype, chunk, fuse_weight_grad)
 
 
 def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -100,7 +118,7 @@ class _HeadLogprobs(torch.autograd.Function):
     more head matmul for never holding [N, V] activations or their gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, dtype, chunk):
+    def forward(ctx, hidden, weight, targets, temperature, dtype, chunk, fuse_weight_grad):
         w = weight.to(dtype)
         out = torch.empty(len(targets), dtype=_softmax_dtype(dtype), device=hidden.device)
         lse = torch.empty_like(out)
@@ -112,6 +130,7 @@ class _HeadLogprobs(torch.autograd.Function):
             )
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.dtype, ctx.chunk = temperature, dtype, chunk
+        ctx.fuse_weight_grad = fuse_weight_grad
         return out
 
     @staticmethod
@@ -120,8 +139,11 @@ class _HeadLogprobs(torch.autograd.Function):
         temperature, dtype, chunk = ctx.temperature, ctx.dtype, ctx.chunk
         w = weight.to(dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        fused = ctx.needs_input_grad[1] and ctx.fuse_weight_grad and weight.grad is not None
         grad_weight = None
-        if ctx.needs_input_grad[1]:
+        if fused:
+            grad_weight = weight.grad
+        elif ctx.needs_input_grad[1]:
             grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
         for s in range(0, len(targets), chunk):
             h = hidden[s : s + chunk].to(dtype)
@@ -133,11 +155,15 @@ class _HeadLogprobs(torch.autograd.Function):
             grad = grad.div_(temperature).to(dtype)
             if grad_hidden is not None:
                 grad_hidden[s : s + chunk] = grad @ w
-            if grad_weight is not None:
-                grad_weight += (grad.T @ h).to(lse.dtype)
+            if grad_weight is not None and grad.dtype == grad_weight.dtype:
+                grad_weight.addmm_(grad.T, h)  # in place: no second [V, H] temporary (113 MB for SmolLM2)
+            elif grad_weight is not None:
+                grad_weight += (grad.T @ h).to(grad_weight.dtype)  # bf16 products, summed in float32
+        if fused:
+            return grad_hidden, None, None, None, None, None, None
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def sampler_vs_learner_logprobs(

@@ -10,6 +10,7 @@ import torch
 
 from swarmnode import memory
 from swarmnode.config import ModelConfig, TinyModelConfig, TrainConfig
+from swarmnode.learn import heap
 from swarmnode.learn.heap import return_freed_heap
 from swarmnode.policy import load_policy
 
@@ -94,3 +95,38 @@ print(before - rss())
         freed[mode] = int(out.stdout.split()[-1])
     assert freed["fixed"] > 120 * 2**20, freed  # the 160 MiB went back at once
     assert freed["default"] < freed["fixed"] - 100 * 2**20, freed  # without it, most stayed resident
+
+
+def test_a_training_step_returns_its_mid_sized_blocks_and_restores_the_threshold():
+    """Inside ``training_heap`` 2 MiB blocks (a [tokens, hidden] activation's size) pinned by small live
+    blocks go back to the system when freed; after it the node's 4 MiB threshold is back (they stay), and
+    a lower threshold fixed before (the memory benchmark's) is kept inside. In a fresh process."""
+    script = """
+import torch, sys
+from swarmnode.learn import heap
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+def freed_of_pinned_2mib_blocks():
+    blocks, pins = [], []
+    for _ in range(60):  # 60 x 2 MiB, each followed by a small live block, as activations among others
+        blocks.append(torch.ones(2**19))
+        pins.append(torch.ones(1000))
+    before = rss()
+    del blocks
+    return before - rss()
+heap.return_large_blocks_on_free(int(sys.argv[1]))
+with heap.training_heap():
+    inside = freed_of_pinned_2mib_blocks()
+print(inside, freed_of_pinned_2mib_blocks(), heap._fixed_threshold)
+"""
+    runs = {}
+    for threshold in (heap.MMAP_THRESHOLD_BYTES, 64 * 1024):
+        out = subprocess.run(
+            [sys.executable, "-c", script, str(threshold)], capture_output=True, text=True, check=True
+        )
+        runs[threshold] = [int(v) for v in out.stdout.split()[-3:]]
+    inside, after, threshold_after = runs[heap.MMAP_THRESHOLD_BYTES]
+    assert inside > 100 * 2**20, runs  # the 120 MiB went back at once
+    assert after < 20 * 2**20 and threshold_after == heap.MMAP_THRESHOLD_BYTES, runs
+    low_inside, low_after, low_threshold_after = runs[64 * 1024]
+    assert low_inside > 100 * 2**20 and low_after > 100 * 2**20 and low_threshold_after == 64 * 1024, runs

@@ -98,3 +98,32 @@ def test_the_chunked_head_has_exact_log_probs_and_gradients(temperature: float) 
     frozen = weight.detach()  # a frozen head (LoRA): no weight gradient is computed
     chunked(hidden, frozen).sum().backward()
     assert hidden.grad is not None and frozen.grad is None
+
+
+def test_the_fused_head_adds_its_weight_gradient_into_grad_and_no_tensor_beside_it() -> None:
+    """With ``fuse_weight_grad`` and a ``.grad`` present (the trainer's flat gradients) the head's weight
+    gradient goes straight into it, autograd receives none (so no [V, H] tensor exists beside ``.grad``);
+    without a ``.grad`` the result is the plain one."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=gen)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 11, (7,), generator=gen)
+    upstream = torch.randn(7, dtype=torch.float64, generator=gen)
+
+    def backward(fuse: bool) -> None:
+        (head_logprobs(hidden, weight, targets, chunk=3, fuse_weight_grad=fuse) * upstream).sum().backward()
+
+    backward(fuse=False)
+    plain = weight.grad.clone()
+    weight.grad = None
+    backward(fuse=True)  # no .grad yet: autograd's tensor, as without fusion
+    torch.testing.assert_close(weight.grad, plain, rtol=0, atol=0)
+
+    before = torch.full_like(plain, 0.5)
+    weight.grad = before
+    handed_to_autograd = []
+    weight.register_hook(lambda grad: handed_to_autograd.append(grad))
+    backward(fuse=True)
+    assert weight.grad is before  # added in place ...
+    assert all(grad is None for grad in handed_to_autograd)  # ... and autograd got no tensor
+    torch.testing.assert_close(weight.grad, 0.5 + plain, rtol=1e-12, atol=1e-12)

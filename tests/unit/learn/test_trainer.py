@@ -174,3 +174,26 @@ def test_a_round_that_trains_leaves_no_gradients_behind():
     record = run_round(ctx, 1)
     assert record["train_tokens"] > 0 and trainer.policy_version == 1
     assert all(p.grad is None for p in policy.model.parameters())
+
+
+def test_the_backward_passes_add_into_one_gradient_buffer_and_change_no_number(sampled, monkeypatch):
+    """Gradients allocated one by one during the first backward would pin that micro-batch's freed
+    activations in glibc's heap (trainer._zeroed_flat_gradients); one buffer made before it must leave
+    the update bit for bit as per-parameter gradients do."""
+    _, sequences = sampled
+    seen = []
+    original_step = torch.optim.AdamW.step
+
+    def look_then_step(self, *args, **kwargs):
+        seen.append({p.grad.untyped_storage().data_ptr() for g in self.param_groups for p in g["params"]})
+        return original_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", look_then_step)
+    flat_digest, _, _ = _train(sequences, OffPolicyConfig(), updates=2)
+    assert len(seen) == 2 and all(len(storages) == 1 for storages in seen)
+
+    monkeypatch.setattr(Trainer, "_zeroed_flat_gradients", lambda self: self.optimizer.zero_grad())
+    seen.clear()
+    per_parameter_digest, _, _ = _train(sequences, OffPolicyConfig(), updates=2)
+    assert all(len(storages) > 1 for storages in seen)
+    assert flat_digest == per_parameter_digest
