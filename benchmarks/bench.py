@@ -439,13 +439,17 @@ def bench_colocate(args, policy: Policy) -> dict:
 
 def bench_round(args) -> dict:
     """Both backends' solo runs at the same time, so that both meet the same machine load (on a shared
-    machine that load moves more between two consecutive runs than between two concurrent ones). Without
-    vLLM installed only the transformers run is made: a "vllm" run would fall back to transformers and
-    halve the machine for the one being measured."""
-    backends = ("hf", "vllm") if importlib.util.find_spec("vllm") is not None else ("hf",)
+    machine that load moves more between two consecutive runs than between two concurrent ones); on an
+    idle machine ``--backends vllm`` (or ``hf``) times one alone, with all the cores. Without vLLM
+    installed only the transformers run is made: a "vllm" run would fall back to transformers and halve
+    the machine for the one being measured."""
+    installed = ("hf", "vllm") if importlib.util.find_spec("vllm") is not None else ("hf",)
+    backends = tuple(b for b in installed if b in args.backends)
+    if not backends:
+        raise SystemExit(f"--backends {' '.join(args.backends)}: none installed (installed: {installed})")
     out: dict = {
         "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B",
-        "backends": ", ".join(backends) + ("" if "vllm" in backends else " (vLLM is not installed)"),
+        "backends": ", ".join(backends) + ("" if "vllm" in installed else " (vLLM is not installed)"),
         "load_at_start": os.getloadavg()[0],
     }
     workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
@@ -479,7 +483,7 @@ def bench_round(args) -> dict:
             row["sample_tok_s"] = record["sample_tokens_per_s"]
             out[f"{backend}_round{record['round']}"] = row
         out[f"{backend}_rounds_total_s"] = sum(r["seconds_total"] for r in records)
-    if "vllm" in procs:
+    if len(procs) == 2:
         out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
     out["run_dirs"] = str(workdir)  # logs and metrics stay for a look; the checkpoints (GBs) do not
     drop_checkpoints([workdir / backend for backend in procs])
@@ -512,6 +516,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each side, interleaved")
     parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "arithmetic-easy.yaml")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--backends", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"],
+        help="round: the sampling backends to run, side by side (one alone has all the cores)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every number here")
     parser.add_argument(
         "--bf16", action="store_true", help="train: the bf16 rows even where bf16 is emulated (slow)"

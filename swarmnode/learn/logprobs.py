@@ -97,11 +97,11 @@ def head_logprobs(
     differentiable in ``hidden`` and ``weight``. Rows go in chunks of ~4M logits (default), so memory
     stays flat in N.
 
-    ``fuse_weight_grad``: when the backward pass finds ``weight.grad`` already there (the trainer's flat
-    gradients), the weight's gradient is added into it chunk by chunk and autograd gets none, as
-    Megatron-LM's gradient-accumulation fusion does; otherwise a [V, H] gradient (113 MB for SmolLM2)
-    exists beside ``.grad`` at the backward pass's peak. Only for callers that read ``.grad`` after
-    ``backward()`` (not ``torch.autograd.grad``).
+    ``fuse_weight_grad``: when the backward pass finds a float32 ``weight.grad`` already there (the
+    trainer's flat gradients), the weight's gradient is added into it chunk by chunk and autograd gets
+    none, as Megatron-LM's gradient-accumulation fusion does; otherwise a [V, H] gradient (113 MB for
+    SmolLM2) exists beside ``.grad`` at the backward pass's peak. Only for callers that read ``.grad``
+    after ``backward()`` (not ``torch.autograd.grad``).
     """
     chunk = chunk or max(1, 2**22 // weight.shape[0])
     dtype = compute_dtype or weight.dtype
@@ -139,10 +139,16 @@ class _HeadLogprobs(torch.autograd.Function):
         temperature, dtype, chunk = ctx.temperature, ctx.dtype, ctx.chunk
         w = weight.to(dtype)
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        fused = ctx.needs_input_grad[1] and ctx.fuse_weight_grad and weight.grad is not None
+        grad_now = weight.grad  # summing into it only where it is as wide as the float32 softmax
+        fused = (
+            ctx.needs_input_grad[1]
+            and ctx.fuse_weight_grad
+            and grad_now is not None
+            and grad_now.dtype == lse.dtype
+        )
         grad_weight = None
         if fused:
-            grad_weight = weight.grad
+            grad_weight = grad_now
         elif ctx.needs_input_grad[1]:
             grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device)
         for s in range(0, len(targets), chunk):
