@@ -250,6 +250,7 @@ class Trainer:
         the step: on SmolLM2's worst-case CPU step 0.3 GB more resident (docs/performance.md). A
         parameter that gets no gradient now sees zeros (AdamW still decays it) instead of being skipped.
         """
+        self.release_gradients()  # the last update's buffer goes before the next one is made
         by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
         for p in self.params:
             by_dtype.setdefault(p.dtype, []).append(p)

@@ -197,3 +197,24 @@ def test_the_backward_passes_add_into_one_gradient_buffer_and_change_no_number(s
     per_parameter_digest, _, _ = _train(sequences, OffPolicyConfig(), updates=2)
     assert all(len(storages) > 1 for storages in seen)
     assert flat_digest == per_parameter_digest
+
+
+def test_an_update_drops_the_last_gradients_before_making_its_buffer(sampled, monkeypatch):
+    """Two gradient buffers at once (the last update's, or a step's whose round did not release them, and
+    the new one) would hold the trainable weights' size twice at the step's start."""
+    _, sequences = sampled
+    policy = load_policy(ModelConfig(name="tiny"))
+    trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, replace_train(2))
+    trainer.step(sequences)  # leaves its gradients, as a step does until the round releases them
+    size = sum(p.numel() for p in trainer.params)
+    held_at_allocation = []
+    zeros = torch.zeros
+
+    def watching_zeros(*shape, **kwargs):
+        if shape == (size,):
+            held_at_allocation.append(sum(p.grad is not None for p in trainer.params))
+        return zeros(*shape, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", watching_zeros)
+    trainer.step(sequences)
+    assert held_at_allocation == [0, 0]  # two updates, each buffer made with no gradient held
