@@ -98,10 +98,10 @@ def head_logprobs(
     stays flat in N.
 
     ``fuse_weight_grad``: when the backward pass finds a float32 ``weight.grad`` already there (the
-    trainer's flat gradients), the weight's gradient is added into it chunk by chunk and autograd gets
-    none, as Megatron-LM's gradient-accumulation fusion does; otherwise a [V, H] gradient (113 MB for
-    SmolLM2) exists beside ``.grad`` at the backward pass's peak. Only for callers that read ``.grad``
-    after ``backward()`` (not ``torch.autograd.grad``).
+    trainer's, from a step's second micro-batch on), the weight's gradient is added into it chunk by
+    chunk and autograd gets none, as Megatron-LM's gradient-accumulation fusion does; otherwise a [V, H]
+    gradient (113 MB for SmolLM2) exists beside ``.grad`` at the backward pass's peak. Only for callers
+    that read ``.grad`` after ``backward()`` (not ``torch.autograd.grad``).
     """
     chunk = chunk or max(1, 2**22 // weight.shape[0])
     dtype = compute_dtype or weight.dtype

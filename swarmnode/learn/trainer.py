@@ -173,7 +173,7 @@ class Trainer:
             # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL
             # term has zero gradient on the first update, so it only matters with several updates)
             lam = remix_kl_coef(self.policy_version) if self.cfg.kl_convex else 1.0
-            self._zeroed_flat_gradients()
+            self.optimizer.zero_grad(set_to_none=True)
             totals = UpdateTotals()
             for i, (mode, trusted, batch) in enumerate(batches):
                 logp = completion_logprobs(
@@ -240,24 +240,6 @@ class Trainer:
             seconds=seconds,
             tokens_per_s=totals.kept_tokens * self.cfg.updates_per_round / max(seconds, 1e-9),
         )
-
-    def _zeroed_flat_gradients(self) -> None:
-        """Every trainable parameter's ``.grad`` a view of one zeroed buffer per dtype, before the first
-        backward pass; the backward passes then add into it in place (as DDP's gradient buckets do).
-
-        Why: gradients allocated one by one during the first backward (most under glibc's mmap threshold)
-        land between that micro-batch's activations and pin their freed space in the heap for the rest of
-        the step: on SmolLM2's worst-case CPU step 0.3 GB more resident (docs/performance.md). A
-        parameter that gets no gradient now sees zeros (AdamW still decays it) instead of being skipped.
-        """
-        self.release_gradients()  # the last update's buffer goes before the next one is made
-        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-        for p in self.params:
-            by_dtype.setdefault(p.dtype, []).append(p)
-        for dtype, params in by_dtype.items():
-            flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=self.device)
-            for p, view in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                p.grad = view.view_as(p)
 
     def release_gradients(self) -> None:
         """Drop the gradients: they matter only inside ``step``, and between steps they would hold the

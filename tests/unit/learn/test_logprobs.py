@@ -101,8 +101,9 @@ def test_the_chunked_head_has_exact_log_probs_and_gradients(temperature: float) 
 
 
 def test_the_fused_head_adds_its_weight_gradient_into_grad_and_no_tensor_beside_it() -> None:
-    """With ``fuse_weight_grad`` and a ``.grad`` present (the trainer's flat gradients) the head's weight
-    gradient goes straight into it, autograd receives none (so no [V, H] tensor exists beside ``.grad``);
+    """With ``fuse_weight_grad`` and a ``.grad`` present (the trainer's accumulated gradients) the head's
+    weight gradient goes straight into it, autograd receives none (so no [V, H] tensor exists beside
+    ``.grad``);
     without a ``.grad`` the result is the plain one."""
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(7, 5, dtype=torch.float64, generator=gen)
