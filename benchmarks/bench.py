@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench sample [--device cpu|cuda] [--model embedded|qwen2-0.5b]
     python -m benchmarks.bench train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
-    python -m benchmarks.bench round  [--config node_configs/arithmetic-easy.yaml] [--rounds 2]
+    python -m benchmarks.bench round  [--config F] [--rounds 2] [--backends hf vllm] [--set K=V ...]
     python -m benchmarks.bench all    (the three, one after the other)
     python -m benchmarks.bench colocate  (the training step before and after a vLLM engine starts)
 
@@ -448,7 +448,8 @@ def bench_round(args) -> dict:
     if not backends:
         raise SystemExit(f"--backends {' '.join(args.backends)}: none installed (installed: {installed})")
     out: dict = {
-        "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B",
+        "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B"
+        + "".join(f" --set {s}" for s in args.set),
         "backends": ", ".join(backends) + ("" if "vllm" in installed else " (vLLM is not installed)"),
         "load_at_start": os.getloadavg()[0],
     }
@@ -460,6 +461,8 @@ def bench_round(args) -> dict:
             "--rounds", str(args.rounds), "--run-dir", str(workdir / backend),
             "--set", f"sampling.backend={backend}", "--set", "run.metrics_port=null",
         ]  # fmt: skip
+        for override in args.set:
+            cmd += ["--set", override]
         log = (workdir / f"{backend}.log").open("w")
         procs[backend] = (
             subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT),
@@ -519,6 +522,10 @@ def main() -> None:
     parser.add_argument(
         "--backends", nargs="+", choices=["hf", "vllm"], default=["hf", "vllm"],
         help="round: the sampling backends to run, side by side (one alone has all the cores)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="round: a config override for every node (e.g. sampling.vllm_enforce_eager=false)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every number here")
     parser.add_argument(

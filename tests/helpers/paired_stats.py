@@ -1,0 +1,67 @@
+"""A mean with its 95% Student-t interval: what the multi-seed tables (benchmarks.sapo_table) report.
+
+Seeds are few (3-10), so the interval is Student's t with n - 1 degrees of freedom, not a normal one;
+the quantile is scipy's (installed with hivemind).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from scipy.stats import t as student_t
+
+MAX_SEEDS_SUGGESTED = 30  # "seeds needed" beyond this is reported as "more than 30"
+
+
+def t975(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError(f"t quantile needs df >= 1, got {df}")
+    return float(student_t.ppf(0.975, df))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The mean of n values with the half-width of its 95% Student-t interval (nan below 2 values)."""
+
+    n: int
+    mean: float
+    sd: float
+
+    @property
+    def half(self) -> float:
+        return t975(self.n - 1) * self.sd / math.sqrt(self.n) if self.n >= 2 else float("nan")
+
+    @property
+    def lo(self) -> float:
+        return self.mean - self.half
+
+    @property
+    def hi(self) -> float:
+        return self.mean + self.half
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0 (false when it cannot be computed)."""
+        return self.n >= 2 and (self.lo > 0 or self.hi < 0)
+
+    def seeds_needed(self) -> int | None:
+        """Fewest values whose interval would exclude 0 if mean and sd stayed as they are (None: more than
+        MAX_SEEDS_SUGGESTED, or no spread to judge from)."""
+        if self.n < 2 or self.mean == 0:
+            return None
+        for n in range(2, MAX_SEEDS_SUGGESTED + 1):
+            if t975(n - 1) * self.sd / math.sqrt(n) < abs(self.mean):
+                return n
+        return None
+
+
+def interval(values: list[float]) -> Interval:
+    """The interval of ``values``, NaNs (a node without a result) left out."""
+    values = [v for v in values if v == v]
+    if not values:
+        return Interval(0, float("nan"), float("nan"))
+    sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+    return Interval(len(values), statistics.fmean(values), sd)
