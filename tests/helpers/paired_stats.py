@@ -1,7 +1,7 @@
 """A mean with its 95% Student-t interval: what the multi-seed tables (benchmarks.sapo_table) report.
 
 Seeds are few (3-10), so the interval is Student's t with n - 1 degrees of freedom, not a normal one;
-the quantile is scipy's (installed with hivemind).
+the quantile is scipy's (in the test extra; hivemind needs it too).
 """
 
 from __future__ import annotations
