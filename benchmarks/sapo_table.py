@@ -112,7 +112,7 @@ def build_arms(groups: int, splits: list[str], replay_groups: int) -> list[Arm]:
 
 
 def arm_nodes(arm: Arm, args: argparse.Namespace) -> int:
-    """``--nodes``, or ``--offpolicy-nodes`` for table 2 (each SmolLM2 node needs ~4.5 GB of RAM)."""
+    """``--nodes``, or ``--offpolicy-nodes`` for table 2 (a SmolLM2 node peaks under 3 GB of RAM)."""
     return args.nodes if arm.table == "sharing" else args.offpolicy_nodes or args.nodes
 
 
