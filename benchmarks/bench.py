@@ -272,8 +272,9 @@ class TRLStep:
         self.model = model
         self.rows = completions  # TRL's per-device micro-batch: one question's group
         chunks = -(-len(sequences) // self.rows)
+        self.output_dir = tempfile.TemporaryDirectory(prefix="bench-trl-")  # TRL wants one; removed with self
         config = GRPOConfig(
-            output_dir=tempfile.mkdtemp(prefix="bench-trl-"),
+            output_dir=self.output_dir.name,
             use_cpu=next(model.parameters()).device.type == "cpu",
             bf16=False,  # autocast, where measured, wraps the call (what accelerate's bf16 does)
             gradient_checkpointing=False,  # TRL's default is True; swarmnode's is False
