@@ -181,8 +181,8 @@ class TrainConfig(_Strict):
     autocast: Literal["auto", "off", "bfloat16"] = Field(
         "auto",
         description="Mixed precision for the learner's forward pass (weights and optimizer stay in "
-        "model.dtype, float32 weights only); auto = bfloat16 where the hardware computes it natively (CUDA, "
-        "CPUs with AVX512-BF16 or AMX), off elsewhere (see learn/precision.py, docs/performance.md).",
+        "model.dtype, float32 weights only); auto = bfloat16 on CUDA with native bf16, off elsewhere, CPUs "
+        "included (slower there and growing memory; see learn/precision.py, docs/performance.md).",
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 
