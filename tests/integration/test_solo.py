@@ -422,7 +422,12 @@ def test_status_watch_redraws_until_interrupted(tmp_path):
     node.run()
     node.close()
     cmd = [sys.executable, "-m", "swarmnode.cli", "status", "--watch", "--run-dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # as from a terminal: a shell's background job (CI's runner may be one) starts with SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler, so Ctrl-C would not reach the watch loop
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     time.sleep(5)  # long enough for at least two redraws (every 2 s) after start-up
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
