@@ -186,6 +186,12 @@ class TrainConfig(_Strict):
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 
+    @field_validator("autocast", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare ``off`` (in a file or a --set) as false: take it as the documented "off"."""
+        return "off" if value is False else value
+
 
 class OffPolicyConfig(_Strict):
     """Correction for data not sampled by the current weights, chosen per source (see offpolicy.py)."""

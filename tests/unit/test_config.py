@@ -49,6 +49,16 @@ def test_an_override_from_the_command_line_is_parsed_as_yaml() -> None:
     assert load_config(None, dict([parse_override("train.lr=1e-5")])).train.lr == 1e-5  # '1e-5': a str
 
 
+def test_autocast_off_is_off_from_a_file_and_from_the_command_line(tmp_path: Path) -> None:
+    # YAML 1.1 (PyYAML) reads a bare `off` as false; the documented value must still work both ways
+    path = tmp_path / "node.yaml"
+    path.write_text("train: {autocast: off}\n")
+    assert load_config(path).train.autocast == "off"
+    assert load_config(None, dict([parse_override("train.autocast=off")])).train.autocast == "off"
+    with pytest.raises(ConfigError, match="train.autocast"):
+        load_config(None, {"train.autocast": True})  # `on` is not a value of this field
+
+
 def test_unknown_key_names_the_field_and_the_file(tmp_path: Path) -> None:
     path = tmp_path / "typo.yaml"
     path.write_text("train:\n  lrr: 1.0e-4\n")
