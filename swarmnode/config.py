@@ -182,7 +182,7 @@ class TrainConfig(_Strict):
         "auto",
         description="Mixed precision for the learner's forward pass (weights and optimizer stay in "
         "model.dtype, float32 weights only); auto = bfloat16 on CUDA with native bf16, off elsewhere, CPUs "
-        "included (slower there and growing memory; see learn/precision.py, docs/performance.md).",
+        "included (its memory grows every round there; see learn/precision.py, docs/performance.md).",
     )
     seed: int = Field(0, description="Seed of sampling and training randomness.")
 

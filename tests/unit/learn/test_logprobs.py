@@ -77,8 +77,8 @@ def test_bf16_autocast_runs_the_forward_in_bf16_and_stays_close_to_fp32(policies
     assert autocast_dtype("off", CPU, torch.float32) is None
     assert autocast_dtype("bfloat16", CPU, torch.float32) == torch.bfloat16
     assert autocast_dtype("bfloat16", CPU, torch.bfloat16) is None  # bf16 weights: nothing to autocast
-    # auto stays fp32 on every CPU, AVX512-BF16 ones included: slower there, and oneDNN's per-shape
-    # bf16 kernels grow a node's memory every round (learn/precision.py)
+    # auto stays fp32 on every CPU, AVX512-BF16 ones included: oneDNN's per-shape bf16 kernels grow a
+    # node's memory every round there (learn/precision.py)
     assert autocast_dtype("auto", CPU, torch.float32) is None
     assert autocast_dtype("auto", torch.device("meta"), torch.float32) is None
 
