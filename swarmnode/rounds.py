@@ -1,7 +1,8 @@
 """One RL round: questions -> completions -> rewards -> (peer exchange) -> advantages -> update.
 
 The exchange step is a hook: a solo node has none; a swarm node publishes its local groups and returns
-the verified peer groups that arrived before its deadline.
+the verified peer groups that arrived before its deadline. Sampling and training each run under the heap
+setting that suits them (``learn.heap``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import to_sequences
-from swarmnode.learn.heap import return_freed_heap
+from swarmnode.learn.heap import return_freed_heap, sampling_heap
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
@@ -56,13 +57,14 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
     prompts = [encode_prompt(ctx.policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
     _say(ctx, f"sampling {len(prompts)} x {cfg.sampling.completions_per_question} completions")
     t_sample = time.perf_counter()
-    completions = ctx.sampler.sample(
-        prompts,
-        cfg.sampling.completions_per_question,
-        max_new_tokens=cfg.sampling.max_new_tokens,
-        temperature=cfg.sampling.temperature,
-        seed=cfg.train.seed * 1_000_003 + round_,
-    )
+    with sampling_heap():
+        completions = ctx.sampler.sample(
+            prompts,
+            cfg.sampling.completions_per_question,
+            max_new_tokens=cfg.sampling.max_new_tokens,
+            temperature=cfg.sampling.temperature,
+            seed=cfg.train.seed * 1_000_003 + round_,
+        )
     provenance = Provenance(
         source="local",
         producer=ctx.peer_id,
@@ -112,7 +114,8 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     ctx.trainer.release_gradients()
     return_freed_heap()
     t_train = time.perf_counter()
-    sync_seconds = ctx.sampler.sync_weights()
+    with sampling_heap():
+        sync_seconds = ctx.sampler.sync_weights()
     t_end = time.perf_counter()
 
     local_rewards = [r for g in local for r in g.rewards]

@@ -1,22 +1,31 @@
-"""Giving the heap a phase freed back to the system, so the next phase's peak stands on live memory.
+"""glibc's heap per phase of a round: what a phase freed goes back, and each phase gets its own threshold.
 
 glibc keeps freed memory mapped in its heaps, so after sampling (a KV cache grown step by step) or the
 backward passes of a step (activations, temporaries) the resident set stays near that phase's peak,
 and the next phase's allocations land on top of what the allocator cannot reuse. The round calls
-``return_freed_heap`` after sampling and after the step, the trainer before the optimizer step and runs
-its step under ``training_heap`` (docs/performance.md, "Memory and time of a Quick-start round").
+``return_freed_heap`` after sampling and after the step, the trainer before the optimizer step.
+
+Which blocks are mmapped (glibc's mmap threshold) is a trade between memory and time, made per phase:
+``MMAP_THRESHOLD_BYTES`` from start (model load, checkpoints), ``training_heap`` inside a CPU training
+step (1 MiB: its activations' holes would stay resident) and ``sampling_heap`` while sampling and syncing
+the sampler's weights (32 MiB: a decode step allocates and frees the same logits and activation blocks
+every step; mmapped, each costs page faults every step, 0.80x vLLM's and 0.62x ``generate``'s tokens/s at
+4 MiB). Figures: docs/performance.md, "Memory and time of a Quick-start round" and "Sampling speed".
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 # Blocks at least this large are mmapped, so freeing one gives its pages back at once. glibc otherwise
 # raises its threshold (up to 32 MiB) each time such a block is freed, and later tensors of that size
 # land in heaps that fragment between phases.
 MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
+# While sampling: glibc's own ceiling for its dynamic threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit),
+# where a process that never fixed one ends up. Blocks below it are reused from the heap step after step.
+SAMPLING_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 # During a CPU training step: a checkpointed backward pass allocates row blocks of 1-4 MiB (SmolLM2: a
 # [tokens, 576] activation is 3.2 MiB at 1400 tokens) among blocks that outlive them; in the heap their
 # holes stay resident, 0.5 GB of SmolLM2's worst-case step. Mmapped, each costs page faults instead
@@ -47,17 +56,27 @@ def return_large_blocks_on_free(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> 
     return fixed
 
 
-@contextmanager
-def training_heap() -> Iterator[None]:
-    """Blocks of TRAINING_MMAP_THRESHOLD_BYTES and more mmapped inside (a lower threshold already fixed,
-    as the memory benchmark's, stays); afterwards the threshold fixed before, MMAP_THRESHOLD_BYTES if none."""
+@contextlib.contextmanager
+def _heap_phase(threshold_bytes: int, *, keep_lower: bool) -> Iterator[None]:
+    """``threshold_bytes`` fixed inside (with ``keep_lower``, a lower one already fixed stays, as the memory
+    benchmark's); afterwards the threshold fixed before, MMAP_THRESHOLD_BYTES if none."""
     before = _fixed_threshold
-    if before is None or before > TRAINING_MMAP_THRESHOLD_BYTES:
-        return_large_blocks_on_free(TRAINING_MMAP_THRESHOLD_BYTES)
+    if not (keep_lower and before is not None and before <= threshold_bytes):
+        return_large_blocks_on_free(threshold_bytes)
     try:
         yield
     finally:
         return_large_blocks_on_free(before if before is not None else MMAP_THRESHOLD_BYTES)
+
+
+def training_heap() -> contextlib.AbstractContextManager[None]:
+    """A CPU training step: blocks of TRAINING_MMAP_THRESHOLD_BYTES and more mmapped inside."""
+    return _heap_phase(TRAINING_MMAP_THRESHOLD_BYTES, keep_lower=True)
+
+
+def sampling_heap() -> contextlib.AbstractContextManager[None]:
+    """Sampling and weight sync: blocks under SAMPLING_MMAP_THRESHOLD_BYTES reused from the heap."""
+    return _heap_phase(SAMPLING_MMAP_THRESHOLD_BYTES, keep_lower=False)
 
 
 def return_freed_heap() -> None:
