@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swarmnode.swarm.records import SHARE_TRACE_ENV
+from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 from tests.helpers.machine import describe_machine, machine_info
 from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 

@@ -18,14 +18,9 @@ from typing import Any
 
 import msgpack
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from swarmnode.identity import Identity, peer_id_from_public_key  # noqa: E402
-from swarmnode.swarm import (  # noqa: E402
-    codec,
-    dht,
-    protocol,
-)
+from swarmnode.identity import Identity, peer_id_from_public_key
+from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import dht_rules as dht
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
 

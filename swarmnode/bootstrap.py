@@ -5,7 +5,7 @@ listens on a fixed port and keeps its identity in a key file (the ``/p2p/`` part
 the other bootstraps of the config when they answer and starts alone when none does (the first one).
 It runs with ``swarm.reachability=public``: it never checks itself, and go-libp2p then offers circuit relays
 to client-mode nodes (they take their initial peers as static relays), within the relay-service limits that
-``swarm.daemon`` sets (``RELAY_*``: 128 MiB of relay buffers at worst). Every node also answers the
+``swarm.net.daemon`` sets (``RELAY_*``: 128 MiB of relay buffers at worst). Every node also answers the
 dial-back check (reachability.py), so a bootstrap serves it too.
 
 Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
@@ -35,7 +35,7 @@ from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.identity import load_or_create
 from swarmnode.metrics import MetricsServer, dht_families
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.net.transport import Transport
 
 
 class BootstrapCollector:

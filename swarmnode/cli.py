@@ -80,7 +80,7 @@ def _announce(announce: list[str] | None, sets: list[str] | None, listen_key: st
     (``listen_key``), unless the listening addresses are given with --set."""
     if not announce:
         return {}
-    from swarmnode.swarm.reachability import tcp_ports
+    from swarmnode.swarm.net.reachability import tcp_ports
 
     ports = tcp_ports(announce)
     if len(ports) != len(announce) or 0 in ports:

@@ -3,7 +3,7 @@
 A ``UserError`` is a problem with the user's config, files, model or machine, and its message says
 what to do about it; the CLI prints that one line and exits with status 2. Anything else is a bug and
 propagates with its traceback. Bad input from peers is not a user error: the network edge rejects
-and counts it (``swarmnode.swarm.protocol.ProtocolError``) and keeps going.
+and counts it (``swarmnode.swarm.wire.protocol.ProtocolError``) and keeps going.
 """
 
 from __future__ import annotations

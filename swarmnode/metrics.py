@@ -214,8 +214,10 @@ class NodeCollector:
         )
         # Every known reason is exported from 0 (not only those seen so far), so that rate() and the
         # reject-rate alert have a series on a healthy node and the first rejection counts as an increase.
-        from swarmnode.swarm.transport import FETCH_FAILURE_REASONS  # swarm nodes have these loaded already
-        from swarmnode.swarm.verify import ALL_REASONS
+        from swarmnode.swarm.exchange.verify import ALL_REASONS
+        from swarmnode.swarm.net.transport import (
+            FETCH_FAILURE_REASONS,  # swarm nodes have these loaded already
+        )
 
         for reason, count in {**dict.fromkeys(ALL_REASONS, 0), **s["rejected"]}.items():
             rejected.add_metric([reason], count)
@@ -226,7 +228,7 @@ class NodeCollector:
         for reason, count in {**dict.fromkeys(FETCH_FAILURE_REASONS, 0), **s["fetch_failures"]}.items():
             failed.add_metric([reason], count)
         yield failed
-        from swarmnode.swarm.notices import NOTICE_OUTCOMES
+        from swarmnode.swarm.net.notices import NOTICE_OUTCOMES
 
         notices = CounterMetricFamily(
             "swarmnode_notices",

@@ -350,7 +350,7 @@ def rejoin_network(swarm: SwarmConfig, known: KnownPeers | None) -> tuple[SwarmC
     (explicit --peers are used alone: docs/operators.md). Returns (settings, whether saved peers are dialed).
     """
     from swarmnode.errors import TransportError
-    from swarmnode.swarm.daemon import check_initial_peers, check_listen_ports
+    from swarmnode.swarm.net.daemon import check_initial_peers, check_listen_ports
 
     if known is None:
         return swarm, False
@@ -405,7 +405,7 @@ def _start_swarm(node: Node, cfg: NodeConfig):
     restart (``rejoin_network``); if none of those peers answers, as on a first start, said in one line.
     Returns (swarm, its addresses)."""
     from swarmnode.errors import TransportError
-    from swarmnode.swarm.exchange import Swarm  # hivemind and the network stack only for swarm nodes
+    from swarmnode.swarm.exchange.swarm import Swarm  # hivemind and the network stack only for swarm nodes
 
     def start(settings: SwarmConfig):
         swarm = Swarm(
@@ -439,7 +439,7 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
     for the peers the config asks for, then run rounds that share rollouts, keeping ``known_peers.json``
     up to date. The swarm shuts down on the way out (an offline card, then the network).
     ``config_path``: the YAML the node was started with, named in the join hint."""
-    from swarmnode.swarm.reachability import tcp_ports
+    from swarmnode.swarm.net.reachability import tcp_ports
 
     node = Node(cfg)
     swarm = known = None

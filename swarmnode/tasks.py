@@ -13,7 +13,7 @@ built per chunk of ``_CHUNK`` indices because some reasoning-gym datasets (e.g. 
 gsm_symbolic) precompute ``size`` entries at construction: a huge ``size`` would exhaust memory.
 
 Scoring peers' text: a swarm node scores completions written by anyone, so only datasets in
-``AUDITED_DATASETS`` may be in a swarm node's mix (``swarmnode.swarm.verify`` refuses the rest). Each
+``AUDITED_DATASETS`` may be in a swarm node's mix (``swarmnode.swarm.exchange.verify`` refuses the rest). Each
 has an answer length cap (``answer_char_limit``): a longer answer scores 0 without reaching the
 dataset's scorer, and ``tests/unit/test_scorer_audit.py`` runs every audited scorer on adversarial
 answers at its cap within a CPU-time and memory bound. propositional_logic's scorer rewards any valid
@@ -61,7 +61,7 @@ for _module in ("algorithmic.binary_matrix", "algorithmic.spiral_matrix", "algor
 
 # These datasets score an answer by handing its text to sympy's parse_expr, which evaluates it as Python:
 # a completion can run any code on the node that scores it. A swarm node scores its peers' completions,
-# so it refuses them in its mix (swarmnode.swarm.verify); solo nodes score only their own model's text.
+# so it refuses them in its mix (swarm.exchange.verify); solo nodes score only their own model's text.
 CODE_EVAL_SCORERS = frozenset(
     {"countdown", "puzzle24", "polynomial_multiplication", "simple_integration", "intermediate_integration"}
 )

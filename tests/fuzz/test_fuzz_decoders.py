@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.identity import Identity, peer_id_from_public_key, public_key_from_peer_id
-from swarmnode.swarm import codec, protocol
+from swarmnode.swarm.wire import codec, protocol
 from tests.helpers.mutations import (
     ACCEPTED,
     FRAME_SEEDS,

@@ -21,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.rollouts import Completion, Provenance
-from swarmnode.swarm import codec, protocol
-from swarmnode.swarm.verify import ALL_REASONS
+from swarmnode.swarm.exchange.verify import ALL_REASONS
+from swarmnode.swarm.wire import codec, protocol
 from swarmnode.tasks import INDEX_LIMIT, SEED_LIMIT, TaskBank
 from tests.helpers.mutations import fuzz_settings, note, sign_body, structural_mutant
 from tests.helpers.verify_world import HOSTILE, MIX, SWARM, Node, Peer

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from swarmnode.config import SwarmConfig
-from swarmnode.swarm.protocol import encode_frame_header
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire.protocol import encode_frame_header
 
 SLOW_DIGEST = b"\x51" * 32
 SLOW_BYTES = 4 * 1024 * 1024

@@ -28,7 +28,7 @@ import hivemind
 from hivemind.utils import get_dht_time
 
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
+from swarmnode.swarm.wire import codec, protocol
 
 SYBILS = 1000
 SPAM_SUBKEYS = 60

@@ -4,7 +4,7 @@ Usage: python hostile_peer.py ATTACK WORK_DIR SWARM_ID HONEST_MULTIADDR [CONFIG_
 
 It joins the swarm through the honest node's multiaddr, publishes a roster card like any node, waits
 for the honest node's roster card, then performs ONE attack (``ATTACKS``) with real signed messages
-built with ``swarmnode.swarm.protocol`` and hand-made bad bytes. It talks to the honest node only over the
+built with ``swarm.wire.protocol`` and hand-made bad bytes. It talks to the honest node only over the
 network: DHT records it writes and payload streams the honest node opens to it. Knowing the honest
 node's task mix (the public config file) lets it make task refs and rewards that pass every check but
 the one an attack aims at.
@@ -36,9 +36,9 @@ from pathlib import Path
 from swarmnode.config import SwarmConfig, load_config
 from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
-from swarmnode.swarm import codec, convert, protocol
-from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import roster_extra
+from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, convert, protocol
 from swarmnode.tasks import TaskBank, answer_char_limit
 
 MARKER = "HOSTILE-MARKER"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from swarmnode.config import NodeConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange import Swarm
+from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.tasks import TaskBank
 
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
+from swarmnode.swarm.wire import codec, protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
-from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import roster_extra
+from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, protocol
 from swarmnode.tasks import TaskBank
 
 TTL_S = 60.0

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, settings
 from swarmnode.config import TasksConfig, TaskSpec
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
-from swarmnode.swarm import codec, convert, protocol
-from swarmnode.swarm.peers import PeerBook
-from swarmnode.swarm.verify import ALL_REASONS, Verifier
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.verify import ALL_REASONS, Verifier
+from swarmnode.swarm.wire import codec, convert, protocol
 from swarmnode.tasks import Question, TaskBank
 from tests.helpers import oracles
 

@@ -10,8 +10,10 @@ import time
 
 import pytest
 
-from swarmnode.swarm import announcer, codec, hello, protocol
-from swarmnode.swarm.exchange import Swarm
+from swarmnode.swarm.exchange import announcer
+from swarmnode.swarm.exchange.swarm import Swarm
+from swarmnode.swarm.net import hello
+from swarmnode.swarm.wire import codec, protocol
 from tests.helpers.inprocess_swarm import make_swarm
 
 SWARM = "it-announce"

@@ -19,8 +19,8 @@ from pathlib import Path
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import roster_extra
+from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.net.transport import Transport
 from tests.helpers.swarm_procs import HELPERS, REPO, start_bootstrap, start_node
 
 PUBLIC_DEMO = "node_configs/public-demo.yaml"
@@ -238,8 +238,8 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
     from types import SimpleNamespace
 
     from swarmnode.config import NodeConfig
-    from swarmnode.swarm import codec, protocol
-    from swarmnode.swarm.exchange import Swarm
+    from swarmnode.swarm.exchange.swarm import Swarm
+    from swarmnode.swarm.wire import codec, protocol
     from swarmnode.tasks import TaskBank
 
     keys = {name: tmp_path / f"{name}.key" for name in ("node", "foreign", "newer", "honest")}

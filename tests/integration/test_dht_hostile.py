@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from swarmnode.swarm.exchange import Swarm
+from swarmnode.swarm.exchange.swarm import Swarm
 from tests.helpers.inprocess_swarm import make_swarm
 from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
 from tests.helpers.verify_world import Peer

@@ -16,10 +16,11 @@ import pytest
 
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, notices, protocol
-from swarmnode.swarm.exchange import Swarm
-from swarmnode.swarm.records import SHARE_TRACE_ENV
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
+from swarmnode.swarm.exchange.swarm import Swarm
+from swarmnode.swarm.net import notices
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, protocol
 from swarmnode.tasks import TaskBank
 from tests.helpers.swarm_procs import read_jsonl
 from tests.helpers.verify_world import Peer

@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.swarm.transport import FETCH_FAILURE_REASONS
-from swarmnode.swarm.verify import ALL_REASONS
+from swarmnode.swarm.exchange.verify import ALL_REASONS
+from swarmnode.swarm.net.transport import FETCH_FAILURE_REASONS
 from tests.helpers.hostile_peer import FLOOD_GROUPS, HOSTILE_INDEX_BASE
 from tests.helpers.swarm_procs import start_hostile, start_node
 

@@ -18,8 +18,8 @@ import uuid
 
 import pytest
 
-from swarmnode.swarm import protocol
-from swarmnode.swarm.verify import SCORE_BUDGET_CPU_S, SCORE_BUDGET_WALL_S
+from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, SCORE_BUDGET_WALL_S
+from swarmnode.swarm.wire import protocol
 from tests.helpers.swarm_procs import start_hostile, start_node
 
 DEADLINE_S = 4.0

@@ -16,8 +16,8 @@ import pytest
 
 from swarmnode.identity import Identity
 from swarmnode.run_folder import KNOWN_PEERS_FILE, KnownPeers, load_known_peers, save_known_peers
-from swarmnode.swarm.announcer import LONELY_AFTER_S
-from swarmnode.swarm.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, SHARE_TRACE_FILE
+from swarmnode.swarm.exchange.announcer import LONELY_AFTER_S
+from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, SHARE_TRACE_FILE
 from tests.helpers.swarm_procs import NodeProc, read_jsonl, start_node
 
 SWARM = "it-rejoin"

@@ -13,7 +13,7 @@ import time
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.net.transport import Transport
 from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
 
 PULLS = 10

@@ -30,9 +30,9 @@ import pytest
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
-from swarmnode.swarm.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
 from tests.helpers.swarm_procs import HELPERS
 
 HUGE_DIGEST = b"\xee" * 32
@@ -519,7 +519,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
 _SHARED_MEMORY_PROBE = """
 import sys
 from hivemind.utils.mpfuture import MPFuture  # sets torch's file_system sharing strategy
-from swarmnode.swarm.daemon import connect_shared_memory_manager
+from swarmnode.swarm.net.daemon import connect_shared_memory_manager
 if sys.argv[1] == "connect first":
     connect_shared_memory_manager()
 MPFuture()
@@ -554,7 +554,7 @@ def test_a_shared_memory_manager_gone_before_the_first_connect_is_started_again(
 
 _SLOW_START_PROBE = """
 import sys, time
-from swarmnode.swarm import transport
+from swarmnode.swarm.net import transport
 from swarmnode.config import SwarmConfig
 transport.STARTUP_STACKS_AFTER = 0.01  # 0.3 s of a 30 s start timeout: any real start-up takes longer
 t = transport.Transport(sys.argv[1], SwarmConfig(host_maddrs=["/ip4/127.0.0.1/tcp/0"]))

@@ -77,7 +77,7 @@ def package_graph() -> dict[str, set[str]]:
         if not name.startswith("swarmnode."):
             return name.split(".")[0]
         parts = name.removeprefix("swarmnode.").split(".")
-        while parts and ".".join(parts) not in modules:  # swarmnode.swarm.protocol.X -> swarm.protocol
+        while parts and ".".join(parts) not in modules:  # swarmnode.swarm.wire.protocol.X -> swarm.protocol
             parts.pop()
         return ".".join(parts) or None  # None: the package's own __init__
 

@@ -45,7 +45,7 @@ def test_the_round_log_skips_a_record_on_a_full_disk_and_says_so_once(full_disk,
 def test_status_and_peer_groups_writes_skip_on_a_full_disk(full_disk, capsys):
     from swarmnode.config import NodeConfig
     from swarmnode.identity import Identity
-    from swarmnode.swarm import records
+    from swarmnode.swarm.exchange import records
     from swarmnode.tasks import TaskBank
     from tests.helpers.verify_world import Peer
 

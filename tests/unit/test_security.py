@@ -146,8 +146,8 @@ def test_no_reasoning_gym_scorer_runs_answer_text_except_the_refused_ones(tmp_pa
 
 
 def test_a_swarm_node_refuses_datasets_whose_scorer_runs_answer_text():
-    from swarmnode.swarm.peers import PeerBook
-    from swarmnode.swarm.verify import Verifier
+    from swarmnode.swarm.exchange.peers import PeerBook
+    from swarmnode.swarm.exchange.verify import Verifier
     from swarmnode.tasks import TaskBank
 
     bank = TaskBank(TasksConfig(mix={"countdown": TaskSpec(), "basic_arithmetic": TaskSpec()}, seed=1))

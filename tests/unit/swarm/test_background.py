@@ -19,8 +19,11 @@ import pytest
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm import background, codec, convert, exchange, notices, protocol
-from swarmnode.swarm.verify import roster_extra
+from swarmnode.swarm.exchange import service as background
+from swarmnode.swarm.exchange import swarm as exchange
+from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.net import notices
+from swarmnode.swarm.wire import codec, convert, protocol
 from tests.helpers.verify_world import Peer
 
 

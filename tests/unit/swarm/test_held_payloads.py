@@ -3,8 +3,8 @@ the node's own latest batch."""
 
 from __future__ import annotations
 
-from swarmnode.swarm import payloads
-from swarmnode.swarm.payloads import PayloadServer
+from swarmnode.swarm.net import payloads
+from swarmnode.swarm.net.payloads import PayloadServer
 
 
 def _server(capacity: int) -> PayloadServer:

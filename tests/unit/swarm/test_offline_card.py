@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, protocol
+from swarmnode.swarm.wire import codec, protocol
 
 
 def _card(identity: Identity, **changes) -> protocol.RosterCard:

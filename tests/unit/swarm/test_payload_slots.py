@@ -4,7 +4,7 @@ request (never one already being served)."""
 
 from __future__ import annotations
 
-from swarmnode.swarm.payloads import RESERVED_SLOT_SHARE, PayloadServer
+from swarmnode.swarm.net.payloads import RESERVED_SLOT_SHARE, PayloadServer
 
 
 class FakeWriter:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from swarmnode.swarm.peers import IMMEDIATE_BAN_REASONS, MiB, PeerBook
-from swarmnode.swarm.protocol import MAX_FRAME_BYTES, REJECT_REASONS, ProtocolError
-from swarmnode.swarm.verify import VERIFY_REASONS
+from swarmnode.swarm.exchange.peers import IMMEDIATE_BAN_REASONS, MiB, PeerBook
+from swarmnode.swarm.exchange.verify import VERIFY_REASONS
+from swarmnode.swarm.wire.protocol import MAX_FRAME_BYTES, REJECT_REASONS, ProtocolError
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ import random
 from collections import Counter
 
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm.pool import MAX_POOL_GROUPS_PER_PRODUCER, GroupPool, producer_cap
+from swarmnode.swarm.exchange.pool import MAX_POOL_GROUPS_PER_PRODUCER, GroupPool, producer_cap
 
 HOSTILE = "12D3KooW-hostile"
 HONEST = [f"12D3KooW-honest-{i}" for i in range(3)]

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm import codec, convert, dht, protocol
+from swarmnode.swarm.wire import codec, convert, protocol
+from swarmnode.swarm.wire import dht_rules as dht
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from swarmnode.swarm.reachability import (
+from swarmnode.swarm.net.reachability import (
     HOLDER_OFFER_FANOUT,
     MAX_PEERS_BEHIND_NAT,
     MAX_PORTS,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from swarmnode.errors import TransportError
-from swarmnode.swarm import daemon
+from swarmnode.swarm.net import daemon
 
 RELAY = "/ip4/11.0.0.1/tcp/31337/p2p/12D3KooWEFeDz6qsnuvAt36i5CcAFDUiyRk2aEhYu5wC7dVsFrGr"
 

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.rollouts import Provenance
-from swarmnode.swarm import codec, protocol
-from swarmnode.swarm.verify import ALL_REASONS, VERIFY_REASONS
+from swarmnode.swarm.exchange.verify import ALL_REASONS, VERIFY_REASONS
+from swarmnode.swarm.wire import codec, protocol
 from swarmnode.tasks import TaskBank
 from tests.helpers import oracles
 from tests.helpers.verify_world import (
@@ -380,7 +380,7 @@ def test_internal_errors_are_counted_logged_once_and_not_charged(
         raise RuntimeError("dataset generator crashed")
 
     monkeypatch.setattr(node.verifier.bank, "question", broken)
-    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.verify"):
+    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.exchange.verify"):
         for _ in range(3):
             assert deliver(node, honest, *honest.publish()) == []
     assert node.verifier.rejections == {"internal_error": 3}

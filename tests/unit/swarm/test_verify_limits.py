@@ -14,9 +14,9 @@ import pytest
 from swarmnode.config import SamplingConfig, TasksConfig, TaskSpec
 from swarmnode.errors import ConfigError
 from swarmnode.rollouts import TaskRef
-from swarmnode.swarm import convert, protocol
-from swarmnode.swarm.peers import PeerBook
-from swarmnode.swarm.verify import SCORE_BUDGET_CPU_S, TEXT_BYTES_PER_TOKEN, ReceiveLimits, Verifier
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, TEXT_BYTES_PER_TOKEN, ReceiveLimits, Verifier
+from swarmnode.swarm.wire import convert, protocol
 from swarmnode.tasks import TaskBank, answer_char_limit
 from tests.helpers.verify_world import HOSTILE, SWARM, Node, Peer, deliver, with_groups
 
@@ -178,6 +178,6 @@ def test_attacker_chosen_subkeys_are_logged_escaped(bank: TaskBank, caplog: pyte
     """A DHT subkey is any string anyone wrote: printed raw, it could forge log lines or drive a terminal."""
     node = receiver(bank)
     evil = "12D3KooW\x1b[2J\nINFO banned peer 12D3KooWhonest"
-    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.verify"):
+    with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.exchange.verify"):
         assert node.verifier.check_announcement(b"\xc1", evil) is None
     assert caplog.records and "\x1b" not in caplog.text and "\nINFO banned" not in caplog.text

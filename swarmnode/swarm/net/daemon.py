@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm.protocol import MAX_RECORD_BYTES, RECORD_CLOCK_TOLERANCE_S
+from swarmnode.swarm.wire.protocol import MAX_RECORD_BYTES, RECORD_CLOCK_TOLERANCE_S
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a DHT starts, not on import
     import hivemind
@@ -116,7 +116,7 @@ def start_dht(
     """Start the DHT process (and its p2pd) and wait until it is ready; TransportError if it is not."""
     import hivemind
 
-    from swarmnode.swarm.dht_guard import SignedRecordValidator, install_bounded_storage
+    from swarmnode.swarm.net.dht_guard import SignedRecordValidator, install_bounded_storage
 
     # p2pd gets the whole start budget (hivemind's own default is 15 s: at 32 nodes starting at once on
     # 2 cores, two of them did not make it)
@@ -234,7 +234,7 @@ def startup_error(
 
 async def dht_stats(_dht: Any, node: Any) -> dict[str, int]:
     """Runs inside the DHT process."""
-    from swarmnode.swarm.dht_guard import guard_stats
+    from swarmnode.swarm.net.dht_guard import guard_stats
 
     return {
         "routing_table_peers": len(node.protocol.routing_table.uid_to_peer_id),

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmnode.errors import TransportError
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.wire.protocol import (
     MAX_FRAME_BYTES,
     PULL_REQUEST_BYTES,
     ProtocolError,

@@ -1,6 +1,6 @@
 """The swarm's data plane: a service thread beside the round loop that keeps the verified pool filled.
 
-Peers' batches are found two ways: notices (``swarm.notices``: a peer pushes its signed announcement the
+Peers' batches are found two ways: notices (``swarm.net.notices``: a peer pushes its signed announcement the
 moment it publishes) and, as the floor that catches what notices miss, a DHT poll every POLL_INTERVAL_S
 (the roster is re-read every ROSTER_REFRESH_S). Either way the record is checked alike
 (``Verifier.check_announcement``: signature, freshness, seq) and the batch becomes *pending* with the
@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from swarmnode.common import BoundedSet
 from swarmnode.errors import TransportError
-from swarmnode.swarm import protocol, reachability
-from swarmnode.swarm.notices import NoticeReceiver, notify
+from swarmnode.swarm.net import reachability
+from swarmnode.swarm.net.notices import NoticeReceiver, notify
+from swarmnode.swarm.wire import protocol
 
 if TYPE_CHECKING:
-    from swarmnode.swarm.exchange import Swarm
+    from swarmnode.swarm.exchange.swarm import Swarm
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Canonical msgpack, signed envelopes and field checks: ``encode_message`` / ``decode_message``.
 
-The wire types and limits are ``swarm.protocol`` (and ``protocol/PROTOCOL.md``); this module turns them
+The wire types and limits are ``swarm.wire.protocol`` (and ``protocol/PROTOCOL.md``); this module turns them
 into bytes and back. ``decode_message`` checks, cheapest first: size, msgpack with hard limits, envelope
 shape, version, canonical form, signature, peer id == key, expected sender, swarm, then every field. It
 raises ``ProtocolError`` with a ``reason`` from ``REJECT_REASONS`` and nothing else, whatever the input.
@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 
 from swarmnode.identity import Identity, peer_id_from_public_key, verify_signature
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.wire.protocol import (
     DOMAIN_PREFIX,
     INT64_MAX,
     INT64_MIN,

@@ -31,7 +31,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.wire.protocol import (
     FRAME_HEADER_BYTES,
     MAX_PEER_ID_BYTES,
     MAX_RECORD_BYTES,

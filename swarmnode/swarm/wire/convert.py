@@ -12,7 +12,7 @@ import struct
 from collections.abc import Sequence
 
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm.protocol import RolloutBatch, WireCompletion, WireGroup, WireTask, pack_array
+from swarmnode.swarm.wire.protocol import RolloutBatch, WireCompletion, WireGroup, WireTask, pack_array
 
 
 def task_to_wire(ref: TaskRef) -> WireTask:

@@ -10,7 +10,8 @@ once instead of at their deadlines.
 
 The same thread notices the usual sign of a wrong swarm id: connections to peers, but no roster card of
 this node's swarm for ``LONELY_AFTER_S``. It then asks a few connected peers which swarm they are in
-(``swarm.hello``, whose handler it serves) and says so once: the peers' swarm id to pass, or what to check.
+(``swarm.net.hello``, whose handler it serves) and says so once: the peers' swarm id to pass, or what to
+check.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any
 
 from swarmnode.common import log
 from swarmnode.identity import Identity
-from swarmnode.swarm import codec, hello, protocol
-from swarmnode.swarm.transport import Transport
+from swarmnode.swarm.net import hello
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, protocol
 
 logger = logging.getLogger(__name__)
 

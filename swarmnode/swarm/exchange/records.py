@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from swarmnode.common import WriteFailures, atomic_write
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.swarm.pool import texts_digest
+from swarmnode.swarm.exchange.pool import texts_digest
 
 if TYPE_CHECKING:
-    from swarmnode.swarm.exchange import Swarm
-    from swarmnode.swarm.transport import Transport
+    from swarmnode.swarm.exchange.swarm import Swarm
+    from swarmnode.swarm.net.transport import Transport
 
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"

@@ -6,7 +6,7 @@ a DHT record), a ``BatchAnnouncement`` ("I have a rollout batch for round r with
 record) and the ``RolloutBatch`` itself (pulled over a libp2p stream, framed by this module).
 
 Every message is a canonical msgpack envelope ``{"b": body, "k": public key, "s": signature, "t": type,
-"v": 1}`` signed with the sender's Ed25519 identity (the key of its libp2p peer id). ``swarm.codec``
+"v": 1}`` signed with the sender's Ed25519 identity (the key of its libp2p peer id). ``swarm.wire.codec``
 encodes and decodes them: ``codec.decode_message`` checks, cheapest first: size, msgpack with hard
 limits, envelope shape, version, canonical form, signature, peer id == key, expected sender, swarm, then
 every field (each type's ``from_body``). It raises ``ProtocolError`` with a ``reason`` from
@@ -15,8 +15,8 @@ per-sender sequence numbers, payload hash vs announcement) belong to the caller;
 and ``codec.check_payload`` are the pure parts of them.
 
 A batch carries task references, completions and *claimed* rewards only: no question, no answer. The
-receiver regenerates both from the ``TaskRef`` and recomputes rewards itself (``swarm.verify``;
-``swarm.convert`` turns rollouts into wire types and back).
+receiver regenerates both from the ``TaskRef`` and recomputes rewards itself (``swarm.exchange.verify``;
+``swarm.wire.convert`` turns rollouts into wire types and back).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # the field reader sits above this module (codec.py imports the types)
-    from swarmnode.swarm.codec import Reader
+    from swarmnode.swarm.wire.codec import Reader
 
 PROTOCOL_VERSION = 1
 DOMAIN_PREFIX = b"swarmnode/v1/"  # signed bytes = prefix + type + 0x00 + swarm_id + 0x00 + canonical body

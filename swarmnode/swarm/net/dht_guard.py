@@ -1,4 +1,5 @@
-"""The hivemind side of ``swarm.dht``: the record validator and the bounded storage every node installs.
+"""The hivemind side of ``swarm.wire.dht_rules``: the record validator and the bounded storage every node
+installs.
 
 Imported only where a DHT starts (``daemon.start_dht``) and inside the DHT process: it imports hivemind.
 
@@ -26,8 +27,8 @@ from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarmnode.swarm.dht import check_record
-from swarmnode.swarm.protocol import MAX_SUBKEYS_PER_KEY
+from swarmnode.swarm.wire.dht_rules import check_record
+from swarmnode.swarm.wire.protocol import MAX_SUBKEYS_PER_KEY
 
 logger = logging.getLogger(__name__)
 

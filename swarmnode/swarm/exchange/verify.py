@@ -58,10 +58,10 @@ from swarmnode.common import BoundedSet
 from swarmnode.config import SamplingConfig
 from swarmnode.errors import ConfigError, TaskError
 from swarmnode.rollouts import RolloutGroup, TaskRef
-from swarmnode.swarm.codec import check_payload, decode_message
-from swarmnode.swarm.convert import batch_provenance, completion_from_wire, task_from_wire
-from swarmnode.swarm.peers import PeerBook
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.wire.codec import check_payload, decode_message
+from swarmnode.swarm.wire.convert import batch_provenance, completion_from_wire, task_from_wire
+from swarmnode.swarm.wire.protocol import (
     BATCH_ANNOUNCEMENT,
     MAX_COMPLETION_TEXT_BYTES,
     MAX_COMPLETION_TOKENS,

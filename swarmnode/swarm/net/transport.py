@@ -7,7 +7,7 @@ This module knows nothing about rollouts or verification. It gives the node thre
 - ``offer`` / ``fetch``: payloads served by their 32-byte digest on ``PAYLOAD_STREAM`` (the serving
   half, with its caps, is ``swarm.payloads.PayloadServer``, this class's base) and the client side that
   pulls one (PROTOCOL.md section 9), with our 4-byte frame header, a hard cap and one deadline.
-- lifecycle: ``start`` launches the DHT process (it owns p2pd; ``swarm.daemon``) and a replica of its P2P
+- lifecycle: ``start`` launches the DHT process (it owns p2pd; ``swarm.net.daemon``) and a replica of its P2P
   client here (our streams carry our peer id) serving ``stream_handlers``; ``shutdown`` stops all of it.
 - reachability (``swarm.reachability``): with ``auto``, ``start`` asks initial peers to dial this node
   back (reachability.py). If none can, it restarts as a DHT client: peers then never wait on it in
@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import public_key_from_peer_id
-from swarmnode.swarm import daemon, reachability
-from swarmnode.swarm.payloads import PULL_REQUEST_TIMEOUT_S, PayloadServer
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.net import daemon, reachability
+from swarmnode.swarm.net.payloads import PULL_REQUEST_TIMEOUT_S, PayloadServer
+from swarmnode.swarm.wire.protocol import (
     FRAME_HEADER_BYTES,
     MAX_FRAME_BYTES,
     MAX_RECORD_BYTES,

@@ -1,16 +1,16 @@
 """SAPO exchange: publish this node's groups, gather verified peer groups, pick J for the round.
 
 Per round the node (1) puts its local groups into one signed RolloutBatch, offers the payload over its
-stream handler, pushes the signed announcement to every roster peer (``swarm.notices``) and stores it in
-the DHT; (2) takes from the pool that the exchange service (``swarm.background``, a thread beside the
+stream handler, pushes the signed announcement to every roster peer (``swarm.net.notices``) and stores it in
+the DHT; (2) takes from the pool that the exchange service (``swarm.exchange.service``, a thread beside the
 round loop) keeps filled with verified peer groups, waiting (on ``changed``, never past the deadline)
 only until every live peer has delivered a batch since our last round; (3) chooses J peer groups
 (``GroupPool.select``): zero-advantage groups dropped after local re-scoring, freshest first, uniform
 among equally fresh ones. Each peer group is trained on at most once. ``lock`` guards what the round
-thread shares with the service (``swarm.background`` says what).
+thread shares with the service (``swarm.exchange.service`` says what).
 
 What it writes down (counters, status.json, the peer_groups.jsonl audit trail, the opt-in share
-trace) is ``swarm.records``; the pool, dedup and the choice of J are ``swarm.pool``.
+trace) is ``swarm.exchange.records``; the pool, dedup and the choice of J are ``swarm.exchange.pool``.
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from pathlib import Path
 from swarmnode.common import BoundedSet, WriteFailures, log
 from swarmnode.config import NodeConfig
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.swarm import codec, convert, notices, protocol, records
-from swarmnode.swarm.announcer import Announcer
-from swarmnode.swarm.background import ExchangeService
-from swarmnode.swarm.peers import PeerBook
-from swarmnode.swarm.pool import GroupPool
-from swarmnode.swarm.records import ShareTrace, SwarmCounters
-from swarmnode.swarm.transport import Transport
-from swarmnode.swarm.verify import ReceiveLimits, Verifier, card_fingerprint, roster_extra
+from swarmnode.swarm.exchange import records
+from swarmnode.swarm.exchange.announcer import Announcer
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.pool import GroupPool
+from swarmnode.swarm.exchange.records import ShareTrace, SwarmCounters
+from swarmnode.swarm.exchange.service import ExchangeService
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, card_fingerprint, roster_extra
+from swarmnode.swarm.net import notices
+from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import codec, convert, protocol
 
 MAX_IGNORED_PEERS = 4096  # peers whose roster card was refused, remembered so each is logged once
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long

@@ -2,7 +2,7 @@
 
 hivemind's ``rpc_store`` accepts any key, subkey, value and expiration from anyone, and for one
 (key, subkey) the later expiration wins. Every swarmnode DHT node therefore installs a record
-validator (``swarm.dht_guard``) that calls ``check_record`` on each record it is asked to store and on
+validator (``swarm.net.dht_guard``) that calls ``check_record`` on each record it is asked to store and on
 each one a lookup brings back. A record is kept only when (PROTOCOL.md section 8):
 
 1. it has a subkey (a plain value at a key would replace the whole dictionary there);
@@ -26,8 +26,8 @@ import hashlib
 
 import msgpack
 
-from swarmnode.swarm.codec import decode_message
-from swarmnode.swarm.protocol import (
+from swarmnode.swarm.wire.codec import decode_message
+from swarmnode.swarm.wire.protocol import (
     MAX_CLOCK_SKEW_S,
     MAX_PEER_ID_BYTES,
     MAX_RECORD_BYTES,

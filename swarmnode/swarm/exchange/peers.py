@@ -20,7 +20,7 @@ Memory is bounded: at most ``max_peers`` peers are tracked; the least recently s
 banned makes room for a new one. Lookups (``is_banned``) never create an entry, so probing with made-up
 peer ids costs nothing. The clock is monotonic; every method is safe to call from several threads.
 
-Who gets charged is the caller's decision (``swarmnode.swarm.verify``): only the peer that signed a message or
+Who gets charged is the caller's decision (``exchange.verify``): only the peer that signed a message or
 sent it over its own authenticated stream, never an id merely named in the bytes.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from swarmnode.swarm.protocol import MAX_FRAME_BYTES, ProtocolError
+from swarmnode.swarm.wire.protocol import MAX_FRAME_BYTES, ProtocolError
 
 log = logging.getLogger(__name__)
 
