@@ -43,6 +43,7 @@ from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
 from swarmnode.status import LOCK_FILE
 from swarmnode.stopping import Stopped, StopSignals
+from swarmnode.swarm.exchange.records import PeerRoundCounts
 from swarmnode.tasks import TaskBank
 from swarmnode.tensorboard import TensorBoardLog
 
@@ -259,7 +260,9 @@ class Node:
         self.metrics.checkpoint_time = time.time()
         log(f"checkpoint {path}")
 
-    def run(self, exchange: Exchange | None = None, peer_counts: Callable[[], dict] | None = None) -> None:
+    def run(
+        self, exchange: Exchange | None = None, peer_counts: Callable[[], PeerRoundCounts] | None = None
+    ) -> None:
         """Run until ``run.rounds`` rounds are complete (forever if None); ``peer_counts`` adds what the
         round's exchange received to its record. On Ctrl-C or SIGTERM, stop at the next safe point,
         checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
@@ -297,7 +300,7 @@ class Node:
                         checkpoint.set_rng_state(rng_at_start)  # the abandoned round drew nothing
                         raise
                     if peer_counts is not None:
-                        record.update(peer_counts())
+                        record.update(peer_counts().as_dict())
                     self.completed_rounds = round_
                     self.runlog.append(record)
                     if self.tensorboard is not None:

@@ -118,29 +118,46 @@ def _append_peer_groups(path: Path, round_: int, groups: list[RolloutGroup]) -> 
             f.write(json.dumps(line) + "\n")
 
 
+@dataclass(frozen=True)
+class PeerRoundCounts:
+    """What one round's exchange received: the counters' growth since the previous round."""
+
+    batches_received: int = 0
+    groups_accepted: int = 0
+    groups_trained: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)  # by reason
+    fetch_failures: dict[str, int] = field(default_factory=dict)  # by reason
+
+    def as_dict(self) -> dict:
+        """The keys of a round's metrics.jsonl record."""
+        return {
+            "peer_batches_received": self.batches_received,
+            "peer_groups_accepted": self.groups_accepted,
+            "peer_groups_trained": self.groups_trained,
+            "peer_rejected": dict(self.rejected),
+            "peer_fetch_failures": dict(self.fetch_failures),
+        }
+
+
 class RoundCounts:
-    """What one round's exchange received, for the round's metrics.jsonl record: the counters' growth
-    since the previous ``take``. Keys: ``peer_batches_received``, ``peer_groups_accepted``,
-    ``peer_groups_trained``, and per reason ``peer_rejected`` and ``peer_fetch_failures``."""
+    """Takes a ``PeerRoundCounts`` each round: the growth of the totals handed in since the last take."""
 
     def __init__(self) -> None:
-        self._last: dict = {}
+        self._last = PeerRoundCounts()
 
-    def take(self, swarm: Swarm) -> dict:
-        now = {
-            "peer_batches_received": swarm.counters.batches_received,
-            "peer_groups_accepted": swarm.counters.groups_accepted,
-            "peer_groups_trained": swarm.counters.groups_trained,
-            "peer_rejected": Counter(swarm.verifier.rejections),
-            "peer_fetch_failures": Counter(swarm.counters.fetch_failures),
-        }
+    def take(self, counters: SwarmCounters, rejections: Counter) -> PeerRoundCounts:
+        now = PeerRoundCounts(
+            counters.batches_received, counters.groups_accepted, counters.groups_trained,
+            dict(rejections), dict(counters.fetch_failures),
+        )  # fmt: skip
         last, self._last = self._last, now
-        return {
-            key: dict(+(value - last.get(key, Counter())))
-            if isinstance(value, Counter)
-            else value - last.get(key, 0)
-            for key, value in now.items()
-        }
+        return PeerRoundCounts(
+            now.batches_received - last.batches_received,
+            now.groups_accepted - last.groups_accepted,
+            now.groups_trained - last.groups_trained,
+            dict(+(Counter(now.rejected) - Counter(last.rejected))),
+            dict(+(Counter(now.fetch_failures) - Counter(last.fetch_failures))),
+        )
 
 
 def status(swarm: Swarm, round_: int, policy_version: int) -> dict:

@@ -328,10 +328,10 @@ class Swarm:
         with self.lock:
             return records.status(self, round_, policy_version)
 
-    def round_counts(self) -> dict:
-        """Peer traffic since the last call (records.RoundCounts), for the round's metrics record."""
+    def round_counts(self) -> records.PeerRoundCounts:
+        """Peer traffic since the last call, for the round's metrics record."""
         with self.lock:
-            return self._round_counts.take(self)
+            return self._round_counts.take(self.counters, self.verifier.rejections)
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``records.write_status``), also handed to ``on_status``."""
