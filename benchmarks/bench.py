@@ -53,8 +53,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import drop_checkpoints
+from benchmarks.machine import describe_machine, machine_info
 from benchmarks.memory import peak_bytes, return_freed_memory
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
+from swarmnode.experiment.processes import read_jsonl
 from swarmnode.learn.batch import TrainSequence, left_pad
 from swarmnode.learn.heap import sampling_heap
 from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
@@ -66,8 +68,6 @@ from swarmnode.rollouts import Completion
 from swarmnode.sampler import vllm as vllm_backend
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.tasks import TaskBank
-from tests.helpers.machine import describe_machine, machine_info
-from tests.helpers.swarm_procs import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,12 +1,19 @@
-"""What the experiment scripts share beyond tests/helpers/ (node processes, machine info, run logs).
+"""What the experiment scripts share among themselves: run bookkeeping and clean-up. What they share with
+the tests (starting nodes, reading their logs, the soak and chaos drivers, the report statistics) is in
+``swarmnode.experiment``; machine info is ``benchmarks.machine``.
 
-Scripts run as modules from the repository root (``python -m benchmarks.X``).
+Scripts run as modules from the repository root (``python -m benchmarks.X``) and never import ``tests``.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
+
+from swarmnode.experiment.processes import NodeProc
 
 
 def drop_checkpoints(run_dirs: list[Path]) -> None:
@@ -20,3 +27,20 @@ def drop_checkpoints(run_dirs: list[Path]) -> None:
             shutil.rmtree(folder)
     if freed:
         print(f"removed {freed / 1e9:.1f} GB of checkpoints of finished runs", flush=True)
+
+
+def wait_all(nodes: list[NodeProc], limit: float) -> bool:
+    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running."""
+    for node in nodes:
+        try:
+            node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            return True
+    return False
+
+
+def record_exit(info: dict, nodes: list[NodeProc], t0: float) -> None:
+    """Exit codes, wall time since the monotonic ``t0`` and the load, into a run's ``info``."""
+    info["exit_codes"] = [node.proc.returncode for node in nodes]
+    info["wall_s"] = round(time.monotonic() - t0, 1)
+    info["load_after"] = os.getloadavg()

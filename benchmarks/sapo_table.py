@@ -23,7 +23,7 @@ arm's nodes.
 
 Each (arm, seed) runs on its own in ``--workdir/<arm>/seed-<s>/`` and, once every node has done its
 rounds, its final checkpoints are scored on held-out questions (``swarmnode eval``'s code) and a small
-summary is written to ``--summaries/<arm>-seed<s>.json`` (``tests/helpers/sapo_report.py``); then the
+summary is written to ``--summaries/<arm>-seed<s>.json`` (``swarmnode/experiment/sapo_report.py``); then the
 checkpoints (1.6 GB each) are deleted unless ``--keep-checkpoints``. An (arm, seed) whose summary exists
 is skipped unless ``--fresh``, so the experiment runs in parts, days apart. ``--report-only`` builds the
 table from the summaries alone. Every wait is bounded; only processes this script started are ended,
@@ -47,9 +47,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import drop_checkpoints
-from tests.helpers.machine import describe_machine, machine_info
-from tests.helpers.sapo_report import (
+from benchmarks.common import drop_checkpoints, record_exit, wait_all
+from benchmarks.machine import describe_machine, machine_info
+from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
+from swarmnode.experiment.sapo_report import (
     ROUND_FIELDS,
     dump,
     load_summaries,
@@ -60,7 +61,6 @@ from tests.helpers.sapo_report import (
     summary_path,
     write_report,
 )
-from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
 REPO = Path(__file__).resolve().parents[1]
 STREAMS_PER_SEED = 1000  # node i of seed s draws questions under tasks.seed = STREAMS_PER_SEED * s + i

@@ -44,9 +44,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import record_exit, wait_all
+from benchmarks.machine import describe_machine, machine_info
+from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
-from tests.helpers.machine import describe_machine, machine_info
-from tests.helpers.swarm_procs import NodeProc, read_jsonl, record_exit, start_node, stop_all, wait_all
 
 REPO = Path(__file__).resolve().parents[1]
 BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver) pair's arrival time goes

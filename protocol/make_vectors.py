@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from swarmnode.identity import Identity, peer_id_from_public_key
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, framing, limits, protocol
 from swarmnode.swarm.wire import dht_rules as dht
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
@@ -155,7 +155,7 @@ def message(
             codec.decode_message(
                 data, swarm_id=swarm_id, expected_type=expected_type, expected_peer_id=expected_peer_id
             )
-        except protocol.ProtocolError as e:
+        except limits.ProtocolError as e:
             assert e.reason == verdict, (name, e)
         else:
             raise AssertionError(f"{name}: accepted, expected {verdict}")
@@ -171,7 +171,7 @@ def frame_header(name: str, description: str, data: bytes, verdict: str) -> dict
         "verdict": verdict,
     }
     if verdict == "accept":
-        v["length"] = protocol.parse_frame_header(data)
+        v["length"] = framing.parse_frame_header(data)
     return v
 
 
@@ -212,8 +212,8 @@ def record_vectors() -> list[dict[str, Any]]:
     batch = rollout_batch(logprobs=False, n_groups=1)
     batch_bytes = codec.encode_message(A, SWARM, batch)
     ann_bytes = codec.encode_message(A, SWARM, announcement(batch_bytes, batch))
-    roster, announce = protocol.roster_key(SWARM, A.peer_id), protocol.announce_key(SWARM, A.peer_id)
-    ttl = protocol.MAX_RECORD_TTL_S + protocol.RECORD_CLOCK_TOLERANCE_S
+    roster, announce = dht.roster_key(SWARM, A.peer_id), dht.announce_key(SWARM, A.peer_id)
+    ttl = dht.MAX_RECORD_TTL_S + dht.RECORD_CLOCK_TOLERANCE_S
     now, exp = TIMESTAMP + 1.0, TIMESTAMP + 60.0
     return [
         dht_record("record_roster_card", "A's card in its roster shard, under its own subkey.",
@@ -225,21 +225,21 @@ def record_vectors() -> list[dict[str, Any]]:
         dht_record("record_far_expiration", "Expiring 1 s past timestamp + MAX_RECORD_TTL_S + tolerance: "
                    "a pin.", roster, A.peer_id, card_bytes, TIMESTAMP + ttl + 1.0, now),
         dht_record("record_from_the_future", "Signed more than MAX_CLOCK_SKEW_S ahead of the storing node.",
-                   roster, A.peer_id, card_bytes, exp, TIMESTAMP - protocol.MAX_CLOCK_SKEW_S - 1.0),
+                   roster, A.peer_id, card_bytes, exp, TIMESTAMP - limits.MAX_CLOCK_SKEW_S - 1.0),
         dht_record("record_no_subkey", "A plain value at the key: it would replace the whole dictionary.",
                    roster, None, card_bytes, exp, now),
         dht_record("record_subkey_not_the_signer", "A's card under B's subkey (pinning B's place).",
-                   protocol.roster_key(SWARM, B.peer_id), B.peer_id, card_bytes, exp, now),
+                   dht.roster_key(SWARM, B.peer_id), B.peer_id, card_bytes, exp, now),
         dht_record("record_card_under_the_announce_key", "A's card under A's announcement key.",
                    announce, A.peer_id, card_bytes, exp, now),
         dht_record("record_card_of_another_swarm", "A's card under A's roster shard of another swarm.",
-                   protocol.roster_key("another-swarm", A.peer_id), A.peer_id, card_bytes, exp, now),
+                   dht.roster_key("another-swarm", A.peer_id), A.peer_id, card_bytes, exp, now),
         dht_record("record_rollout_batch", "A rollout batch never belongs in the DHT.",
                    announce, A.peer_id, batch_bytes, exp, now),
         dht_record("record_not_a_message", "Bytes that are not a signed message.",
                    announce, A.peer_id, b"plain value", exp, now),
         dht_record("record_oversize", "MAX_RECORD_BYTES + 1 bytes: refused before decoding.",
-                   announce, A.peer_id, bytes(protocol.MAX_RECORD_BYTES + 1), exp, now),
+                   announce, A.peer_id, bytes(limits.MAX_RECORD_BYTES + 1), exp, now),
     ]  # fmt: skip
 
 
@@ -254,7 +254,7 @@ def message_vectors() -> list[dict[str, Any]]:
     batch_bytes = codec.encode_message(A, SWARM, batch)
     batch_plain = rollout_batch(logprobs=False, seq=1005)
     ann_bytes = codec.encode_message(A, SWARM, announcement(batch_bytes, batch))
-    RC, BA, RB = protocol.ROSTER_CARD, protocol.BATCH_ANNOUNCEMENT, protocol.ROLLOUT_BATCH
+    RC, BA, RB = limits.ROSTER_CARD, limits.BATCH_ANNOUNCEMENT, limits.ROLLOUT_BATCH
 
     card_signed = codec.signing_bytes(RC, SWARM, codec.canonical_packb(card.to_body()))
     forged = card_bytes.replace(A.sign(card_signed), B.sign(card_signed))
@@ -292,9 +292,9 @@ def message_vectors() -> list[dict[str, Any]]:
     )
     extra_batch = replace(extra_batch, groups=(g2,))
 
-    big_card = roster_card(extra={"padding": "x" * (protocol.MAX_RECORD_BYTES - 400)})
+    big_card = roster_card(extra={"padding": "x" * (limits.MAX_RECORD_BYTES - 400)})
     big = sign_raw(A, RC, SWARM, big_card.to_body())
-    assert len(big) > protocol.MAX_RECORD_BYTES
+    assert len(big) > limits.MAX_RECORD_BYTES
 
     boundaries = rollout_batch(logprobs=False, n_groups=1, seq=1011)
     config = {f"i{n}": n for n in (0, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63 - 1)}
@@ -314,7 +314,7 @@ def message_vectors() -> list[dict[str, Any]]:
         ),
     )
 
-    too_many = rollout_batch(logprobs=False, n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, seq=1009)
+    too_many = rollout_batch(logprobs=False, n_groups=limits.MAX_GROUPS_PER_BATCH + 1, seq=1009)
     mismatch_lp = with_body(batch)
     mismatch_lp["groups"][0]["completions"][0]["logprobs"] = struct.pack("<3f", -0.5, -1.0, -2.0)
     nan_reward = with_body(batch)
@@ -539,7 +539,7 @@ def message_vectors() -> list[dict[str, Any]]:
         ),
         message(
             "too_many_groups",
-            f"{protocol.MAX_GROUPS_PER_BATCH + 1} groups (limit {protocol.MAX_GROUPS_PER_BATCH}).",
+            f"{limits.MAX_GROUPS_PER_BATCH + 1} groups (limit {limits.MAX_GROUPS_PER_BATCH}).",
             sign_raw(A, RB, SWARM, too_many.to_body()),
             "over_limit",
             expected_type=RB,
@@ -568,7 +568,7 @@ def message_vectors() -> list[dict[str, Any]]:
         frame_header(
             "frame_header_oversize",
             "MAX_FRAME_BYTES + 1: rejected before reading the body.",
-            (protocol.MAX_FRAME_BYTES + 1).to_bytes(4, "big"),
+            (limits.MAX_FRAME_BYTES + 1).to_bytes(4, "big"),
             "oversize",
         ),
         frame_header(

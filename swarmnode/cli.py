@@ -157,7 +157,7 @@ def join(
                 f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "
                 "own. Pass --peers MULTIADDR of a bootstrap node or a member (docs/operators.md)."
             )
-        from swarmnode.node import run_join
+        from swarmnode.join import run_join
 
         run_join(cfg, config_path=config)
 

@@ -3,7 +3,7 @@
 A ``UserError`` is a problem with the user's config, files, model or machine, and its message says
 what to do about it; the CLI prints that one line and exits with status 2. Anything else is a bug and
 propagates with its traceback. Bad input from peers is not a user error: the network edge rejects
-and counts it (``swarmnode.swarm.wire.protocol.ProtocolError``) and keeps going.
+and counts it (``swarmnode.swarm.wire.limits.ProtocolError``, ``PeerError``) and keeps going.
 """
 
 from __future__ import annotations
@@ -30,7 +30,18 @@ class StatusError(UserError):
 
 
 class TransportError(UserError):
-    """A network operation failed; ``reason`` is a short snake_case label (TRANSPORT_ERROR_REASONS)."""
+    """The network could not start or was misused (a port taken, a bad identity or address, a clock off);
+    ``reason`` is a short snake_case label."""
+
+    def __init__(self, reason: str, message: str = ""):
+        self.reason = reason
+        super().__init__(f"{reason}: {message}" if message else reason)
+
+
+class PeerError(Exception):
+    """A peer failed this node at the network edge (a pull timed out, was refused, sent too much): not the
+    user's to fix and never fatal; the caller counts ``reason`` (``net.transport.FETCH_FAILURE_REASONS``)
+    and goes on."""
 
     def __init__(self, reason: str, message: str = ""):
         self.reason = reason

@@ -23,8 +23,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
@@ -39,6 +41,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from swarmnode import __version__
 from swarmnode.common import atomic_write
 from swarmnode.errors import ConfigError
+from swarmnode.swarm.exchange.records import ARRIVAL_BUCKETS_S
+
+if TYPE_CHECKING:
+    from swarmnode.round_record import RoundRecord
+    from swarmnode.swarm.exchange.status import SwarmStatus
 
 TARGET_FILE = "prometheus_target.json"
 CONNECTION_TIMEOUT_S = 5.0  # a client that sends nothing for this long is dropped
@@ -47,22 +54,22 @@ HEALTH_ROUND_STALL_FACTOR = 5.0  # degraded when no round for this many times th
 HEALTH_MIN_ROUND_AGE_S = 300.0  # ... but never sooner than this after the last round
 HEALTH_DHT_STALE_S = 300.0  # degraded when the last successful DHT read (or write) is older than this
 
-# round-record key -> (metric name, help); all gauges of the last completed round
+# ``RoundRecord`` attribute (dotted into ``train``) -> (metric name, help); all gauges of the last round
 ROUND_GAUGES = {
     "policy_version": ("swarmnode_policy_version", "Policy version (optimizer steps so far)."),
     "format_rate": ("swarmnode_answer_format_ratio", "Share of local completions using the answer tags."),
     "sample_tokens_per_s": ("swarmnode_sampling_tokens_per_second", "Sampling throughput, last round."),
-    "train_loss": ("swarmnode_loss", "Policy loss of the last update."),
-    "train_kl": ("swarmnode_kl", "KL to the reference policy per token (0 when off)."),
-    "train_grad_norm": ("swarmnode_grad_norm", "Gradient norm before clipping."),
-    "train_ess": (
+    "train.loss": ("swarmnode_loss", "Policy loss of the last update."),
+    "train.kl": ("swarmnode_kl", "KL to the reference policy per token (0 when off)."),
+    "train.grad_norm": ("swarmnode_grad_norm", "Gradient norm before clipping."),
+    "train.ess": (
         "swarmnode_importance_ess_ratio",
         "Effective sample size of the importance weights (0..1).",
     ),
-    "train_is_weight_mean": ("swarmnode_importance_weight_mean", "Mean importance weight."),
-    "train_is_weight_max": ("swarmnode_importance_weight_max", "Largest importance weight."),
-    "train_masked_frac": ("swarmnode_masked_token_ratio", "Share of tokens masked out of the loss."),
-    "train_behaviour_kl": ("swarmnode_behaviour_kl", "KL(behaviour || learner), k1 estimate."),
+    "train.is_weight_mean": ("swarmnode_importance_weight_mean", "Mean importance weight."),
+    "train.is_weight_max": ("swarmnode_importance_weight_max", "Largest importance weight."),
+    "train.masked_frac": ("swarmnode_masked_token_ratio", "Share of tokens masked out of the loss."),
+    "train.behaviour_kl": ("swarmnode_behaviour_kl", "KL(behaviour || learner), k1 estimate."),
     "groups_kept": ("swarmnode_groups_trained", "Question groups in the last update (nonzero advantage)."),
 }
 PHASES = ("sample", "score", "share", "train", "sync", "total")
@@ -74,50 +81,48 @@ class NodeCollector:
     def __init__(self, info: dict[str, str]):
         self.info = info
         self.rounds = 0
-        self._record: dict | None = None
-        self.swarm: dict | None = None
+        self._record: RoundRecord | None = None
+        self.swarm: SwarmStatus | None = None
         self.checkpoint_time: float | None = None
         self.started = time.time()
         self.round_time: float | None = None  # time.time() when ``record`` was last set
         self.write_failures = None  # the run log's common.WriteFailures, set by the node
 
     @property
-    def record(self) -> dict | None:
+    def record(self) -> RoundRecord | None:
         return self._record
 
     @record.setter
-    def record(self, record: dict | None) -> None:
+    def record(self, record: RoundRecord | None) -> None:
         self._record = record
         if record is not None:
             self.round_time = time.time()
 
     def problems(self, now: float) -> list[str]:
         """Why the node is degraded (empty: healthy). The swarm checks read the status the swarm hands
-        over each round (``records.status``: its ``dht`` section and the roster)."""
+        over each round (a ``SwarmStatus``: its ``dht`` and the roster)."""
         reasons = []
         if self.record is not None and self.round_time is not None:
             age = now - self.round_time
-            expected = self.record.get("seconds_total", 0.0) * HEALTH_ROUND_STALL_FACTOR
+            expected = self.record.seconds_total * HEALTH_ROUND_STALL_FACTOR
             if age > max(expected, HEALTH_MIN_ROUND_AGE_S):
                 reasons.append(
                     f"no round for {age:.0f} s (the last took {expected / HEALTH_ROUND_STALL_FACTOR:.0f} s)"
                 )
         s = self.swarm
         if s is not None:
-            dht = s.get("dht", {})
-            if not dht.get("alive", True):
+            if not s.dht.alive:
                 reasons.append("the DHT process is not running")
-            for what in ("read", "write"):
-                last = dht.get(f"last_{what}_ok")
-                if last is not None and now - (last or self.started) > HEALTH_DHT_STALE_S:
+            for what, last in (("read", s.dht.last_read_ok), ("write", s.dht.last_write_ok)):
+                if now - (last or self.started) > HEALTH_DHT_STALE_S:
                     reasons.append(f"no successful DHT {what} for {now - (last or self.started):.0f} s")
-            if not s["peers"]:
-                reasons.append(f"no peer in the roster ({s['connected']} connected)")
+            if not s.peers:
+                reasons.append(f"no peer in the roster ({s.connected} connected)")
         return reasons
 
     def health(self) -> dict:
         """The ``/health`` answer."""
-        round_ = self.record["round"] if self.record else None
+        round_ = self.record.round if self.record is not None else None
         uptime = round(time.time() - self.started, 1)
         reasons = self.problems(time.time())
         status = "degraded" if reasons else "ok"
@@ -137,7 +142,7 @@ class NodeCollector:
         yield _gauge(
             "swarmnode_health_ok", "1 when /health says ok, 0 when degraded.", not self.problems(time.time())
         )
-        swarm_failures = self.swarm.get("disk_write_failures", 0) if self.swarm else 0
+        swarm_failures = self.swarm.disk_write_failures if self.swarm else 0
         own_failures = self.write_failures.count if self.write_failures is not None else 0
         disk = CounterMetricFamily(
             "swarmnode_disk_write_failures", "Writes outside checkpoints that failed (a full disk): skipped."
@@ -158,56 +163,57 @@ class NodeCollector:
 
     def _round(self) -> Iterator:
         r = self.record
-        yield _gauge("swarmnode_round", "Number of the last completed round.", r["round"])
-        for key, (name, doc) in ROUND_GAUGES.items():
-            yield _gauge(name, doc, r[key])
+        yield _gauge("swarmnode_round", "Number of the last completed round.", r.round)
+        for attribute, (name, doc) in ROUND_GAUGES.items():
+            yield _gauge(name, doc, attrgetter(attribute)(r))
         reward = GaugeMetricFamily("swarmnode_reward", "Mean reward of the last round.", labels=["source"])
-        reward.add_metric(["local"], r["reward_mean"])
-        reward.add_metric(["peer"], r["reward_peer_mean"])
+        reward.add_metric(["local"], r.reward_mean)
+        reward.add_metric(["peer"], r.reward_peer_mean)
         yield reward
         by_task = GaugeMetricFamily("swarmnode_task_reward", "Mean local reward per task.", labels=["task"])
-        for task, value in r["reward_by_task"].items():
+        for task, value in r.reward_by_task.items():
             by_task.add_metric([task], value)
         yield by_task
         groups = GaugeMetricFamily("swarmnode_round_groups", "Groups in the last round.", labels=["source"])
         for source in ("local", "peer", "replayed"):
-            groups.add_metric([source], r[f"groups_{source}"])
+            groups.add_metric([source], getattr(r, f"groups_{source}"))
         yield groups
         phase = GaugeMetricFamily(
             "swarmnode_round_phase_seconds", "Last round's time by phase.", labels=["phase"]
         )
         for name in PHASES:
-            phase.add_metric([name], r[f"seconds_{name}"])
+            phase.add_metric([name], getattr(r, f"seconds_{name}"))
         yield phase
         clip = GaugeMetricFamily("swarmnode_clip_ratio", "Share of tokens clipped.", labels=["side"])
-        clip.add_metric(["low"], r["train_clip_low_frac"])
-        clip.add_metric(["high"], r["train_clip_high_frac"])
+        clip.add_metric(["low"], r.train.clip_low_frac)
+        clip.add_metric(["high"], r.train.clip_high_frac)
         yield clip
 
     def _swarm(self) -> Iterator:
         s = self.swarm
-        peers = s["peers"].values()
         arrival = HistogramMetricFamily(
             "swarmnode_publish_to_arrival_seconds",
             "From a peer's signed announcement to its batch verified here.",
         )
-        a = s["arrival_s"]
-        buckets = [(bound, count) for bound, count in a["buckets"].items()] + [("+Inf", a["count"])]
-        arrival.add_metric([], buckets, a["sum"])
+        a = s.arrival
+        buckets = [(str(bound), count) for bound, count in zip(ARRIVAL_BUCKETS_S, a.counts, strict=True)]
+        arrival.add_metric([], [*buckets, ("+Inf", a.n)], a.total)
         yield arrival
-        yield _gauge("swarmnode_peers_known", "Peers in the swarm roster.", len(s["peers"]))
-        yield from dht_families(s.get("dht", {}))
-        yield _gauge("swarmnode_peers_connected", "Peers with a libp2p connection.", s["connected"])
-        yield _gauge("swarmnode_peers_banned", "Peers banned right now.", sum(p["banned"] for p in peers))
+        yield _gauge("swarmnode_peers_known", "Peers in the swarm roster.", len(s.peers))
+        yield from dht_families(asdict(s.dht))
+        yield _gauge("swarmnode_peers_connected", "Peers with a libp2p connection.", s.connected)
+        yield _gauge(
+            "swarmnode_peers_banned", "Peers banned right now.", sum(p.banned for p in s.peers.values())
+        )
         rollouts = CounterMetricFamily(
             "swarmnode_rollout_groups", "Question groups by what happened to them.", labels=["event"]
         )
         for event in ("published", "accepted", "trained"):
-            rollouts.add_metric([event], s["rollouts"][f"groups_{event}"])
+            rollouts.add_metric([event], getattr(s.rollouts, f"groups_{event}"))
         yield rollouts
         batches = CounterMetricFamily("swarmnode_rollout_batches", "Rollout batches.", labels=["event"])
-        batches.add_metric(["published"], s["rollouts"]["batches_published"])
-        batches.add_metric(["received"], s["rollouts"]["batches_received"])
+        batches.add_metric(["published"], s.rollouts.batches_published)
+        batches.add_metric(["received"], s.rollouts.batches_received)
         yield batches
         rejected = CounterMetricFamily(
             "swarmnode_rejected", "Peer messages rejected, by reason.", labels=["reason"]
@@ -219,13 +225,13 @@ class NodeCollector:
             FETCH_FAILURE_REASONS,  # swarm nodes have these loaded already
         )
 
-        for reason, count in {**dict.fromkeys(ALL_REASONS, 0), **s["rejected"]}.items():
+        for reason, count in {**dict.fromkeys(ALL_REASONS, 0), **s.rejected}.items():
             rejected.add_metric([reason], count)
         yield rejected
         failed = CounterMetricFamily(
             "swarmnode_fetch_failures", "Payload pulls that failed.", labels=["reason"]
         )
-        for reason, count in {**dict.fromkeys(FETCH_FAILURE_REASONS, 0), **s["fetch_failures"]}.items():
+        for reason, count in {**dict.fromkeys(FETCH_FAILURE_REASONS, 0), **s.fetch_failures}.items():
             failed.add_metric([reason], count)
         yield failed
         from swarmnode.swarm.net.notices import NOTICE_OUTCOMES
@@ -235,7 +241,7 @@ class NodeCollector:
             "Batch notices from peers, by outcome (received or why refused).",
             labels=["outcome"],
         )
-        for outcome, count in {**dict.fromkeys(NOTICE_OUTCOMES, 0), **s.get("notices", {})}.items():
+        for outcome, count in {**dict.fromkeys(NOTICE_OUTCOMES, 0), **s.notices}.items():
             notices.add_metric([outcome], count)
         yield notices
 

@@ -1,7 +1,8 @@
 """Node lifecycle: set up the parts, resume from the newest valid checkpoint, run rounds, checkpoint.
 
 The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` hook (see rounds.py).
-``run_solo`` and ``run_join`` are the entry points the CLI calls with a loaded config.
+``run_solo`` is the entry point ``swarmnode solo`` calls with a loaded config; a swarm node starts
+through join.py, which wraps a ``Node`` and is never imported from here.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import copy
 import fcntl
 import hashlib
 import os
-import shlex
 import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from swarmnode import checkpoint, memory
 from swarmnode.common import log
-from swarmnode.config import NodeConfig, SwarmConfig
+from swarmnode.config import NodeConfig
 from swarmnode.errors import ConfigError
 from swarmnode.identity import load_or_create
 from swarmnode.learn.heap import return_large_blocks_on_free
@@ -31,14 +32,7 @@ from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
 from swarmnode.rounds import Exchange, RoundContext, run_round
-from swarmnode.run_folder import (
-    KNOWN_PEERS_FILE,
-    MAX_KNOWN_PEERS,
-    KnownPeers,
-    load_known_peers,
-    save_config,
-    save_known_peers,
-)
+from swarmnode.run_folder import save_config
 from swarmnode.runlog import RunLog, round_line
 from swarmnode.sampler import make_sampler
 from swarmnode.status import LOCK_FILE
@@ -300,16 +294,17 @@ class Node:
                         checkpoint.set_rng_state(rng_at_start)  # the abandoned round drew nothing
                         raise
                     if peer_counts is not None:
-                        record.update(peer_counts().as_dict())
+                        record = replace(record, peer=peer_counts())
                     self.completed_rounds = round_
-                    self.runlog.append(record)
+                    line = record.as_dict()  # what leaves the process: metrics.jsonl, TensorBoard
+                    self.runlog.append(line)
                     if self.tensorboard is not None:
-                        self.tensorboard.append(record)
+                        self.tensorboard.append(line)
                     self.metrics.record = record
                     self.metrics.rounds += 1
                     log(round_line(record))
                     self._bar.update(1)
-                    self._bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
+                    self._bar.set_postfix(reward=f"{record.reward_mean:.3f}")
                     if round_ % every == 0 or round_ == target:
                         self._checkpoint(final=round_ == target)
                     stop.release()
@@ -337,141 +332,4 @@ def run_solo(cfg: NodeConfig) -> None:
     try:
         node.run()
     finally:
-        node.close()
-
-
-def join_command(addr: str, swarm_id: str, config_path: Path | None) -> str:
-    """What a joiner pastes to join this node's swarm: its address, and the swarm id and config file
-    without which the joiner would land in the default swarm (or another task mix) and train alone."""
-    config = f" --config {shlex.quote(str(config_path))}" if config_path is not None else ""
-    return f"swarmnode join --peers {addr}{config} --set swarm.swarm_id={swarm_id}"
-
-
-def rejoin_network(swarm: SwarmConfig, known: KnownPeers | None) -> tuple[SwarmConfig, bool]:
-    """This start's network settings after a restart: the previous listen port where the config leaves
-    the port to chance (port 0) and it is free again, and the previous peers where the config names none
-    (explicit --peers are used alone: docs/operators.md). Returns (settings, whether saved peers are dialed).
-    """
-    from swarmnode.errors import TransportError
-    from swarmnode.swarm.net.daemon import check_initial_peers, check_listen_ports
-
-    if known is None:
-        return swarm, False
-    update: dict = {}
-    port_left_to_chance = bool(swarm.host_maddrs) and all(
-        maddr.rstrip("/").endswith("/tcp/0") for maddr in swarm.host_maddrs
-    )
-    if known.port is not None and port_left_to_chance and not swarm.announce_maddrs:
-        previous = [maddr.rstrip("/").removesuffix("/0") + f"/{known.port}" for maddr in swarm.host_maddrs]
-        try:
-            check_listen_ports(previous)
-            update["host_maddrs"] = previous
-        except TransportError:
-            log(f"the previous listen port {known.port} is taken: listening on a new one")
-    saved = []
-    for addr in known.peers:  # a file edited by hand must not stop the start: unparsable ones are dropped
-        try:
-            saved += check_initial_peers([addr], own_peer_id="")
-        except TransportError:
-            continue
-    dial_saved = not swarm.initial_peers and bool(saved)
-    if dial_saved:
-        update["initial_peers"] = saved
-        log(f"dialing {len(saved)} peer(s) this node knew when it last ran ({KNOWN_PEERS_FILE})")
-    return swarm.model_copy(update=update), dial_saved
-
-
-class KnownPeersWriter:
-    """Keeps ``known_peers.json`` up to date from the roster: written when the peers' addresses change
-    (checked once per round, not per poll), one address per peer, at most MAX_KNOWN_PEERS."""
-
-    def __init__(self, run_dir: Path, port: int | None):
-        self.run_dir, self.port = run_dir, port
-        self.saved: KnownPeers | None = None
-
-    def update(self, roster: dict) -> None:
-        peers = []
-        for card in list(roster.values())[-MAX_KNOWN_PEERS:]:  # the most recently joined are kept
-            direct = [addr for addr in card.addrs if "p2p-circuit" not in addr and "/p2p/" in addr]
-            peers.extend(direct[:1])
-        known = KnownPeers(self.port, tuple(peers))
-        if known != self.saved:
-            try:
-                save_known_peers(self.run_dir, known)
-                self.saved = known
-            except OSError as exc:  # a full disk costs the restart its shortcut, not the run
-                log(f"could not save {KNOWN_PEERS_FILE} ({exc}); a restart may not find the swarm")
-
-
-def _start_swarm(node: Node, cfg: NodeConfig):
-    """Make and start this node's Swarm: on the previous port and through the previous peers after a
-    restart (``rejoin_network``); if none of those peers answers, as on a first start, said in one line.
-    Returns (swarm, its addresses)."""
-    from swarmnode.errors import TransportError
-    from swarmnode.swarm.exchange.swarm import Swarm  # hivemind and the network stack only for swarm nodes
-
-    def start(settings: SwarmConfig):
-        swarm = Swarm(
-            cfg.model_copy(update={"swarm": settings}),
-            identity=node.identity,
-            bank=node.bank,
-            policy=node.policy,
-            identity_path=node.identity_path,
-            run_dir=node.run_dir,
-            on_status=lambda status: setattr(node.metrics, "swarm", status),
-        )
-        try:
-            return swarm, swarm.start(node.completed_rounds, node.trainer.policy_version)
-        except BaseException:
-            swarm.shutdown()
-            raise
-
-    settings, dial_saved = rejoin_network(cfg.swarm, load_known_peers(node.run_dir))
-    try:
-        return start(settings)
-    except TransportError as exc:
-        if not (dial_saved and exc.reason == "unreachable"):
-            raise
-        tried = len(settings.initial_peers)
-        log(f"none of the {tried} saved peer(s) answered: this node starts a new swarm, as on a first start")
-        return start(cfg.swarm)
-
-
-def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
-    """Join a swarm: start the transport (``_start_swarm``), print how others join through this node, wait
-    for the peers the config asks for, then run rounds that share rollouts, keeping ``known_peers.json``
-    up to date. The swarm shuts down on the way out (an offline card, then the network).
-    ``config_path``: the YAML the node was started with, named in the join hint."""
-    from swarmnode.swarm.net.reachability import tcp_ports
-
-    node = Node(cfg)
-    swarm = known = None
-
-    def roster() -> dict:
-        with swarm.lock:  # the exchange service updates it from its own thread
-            return dict(swarm.roster)
-
-    try:
-        swarm, addrs = _start_swarm(node, cfg)
-        known = KnownPeersWriter(node.run_dir, next(iter(tcp_ports(addrs)), None))
-        log(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}")
-        log(f"reachability: {swarm.transport.reachability_note}")
-        log("others can join through this node with:")
-        for addr in addrs:
-            if "/p2p-circuit" not in addr:  # a relayed address is refused as an initial peer
-                log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
-        swarm.wait_for_peers()
-        known.update(roster())
-
-        def exchange(round_: int, local: list) -> list:
-            chosen = swarm.exchange(round_, node.trainer.policy_version, local)
-            known.update(roster())
-            return chosen
-
-        node.run(exchange=exchange, peer_counts=swarm.round_counts)
-    finally:
-        if known is not None:
-            known.update(roster())
-        if swarm is not None:
-            swarm.shutdown()
         node.close()

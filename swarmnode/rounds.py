@@ -19,6 +19,7 @@ from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup
+from swarmnode.round_record import RoundRecord
 from swarmnode.sampler import Sampler
 from swarmnode.tasks import TaskBank
 
@@ -80,8 +81,8 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
     return groups, tokens, time.perf_counter() - t_score
 
 
-def run_round(ctx: RoundContext, round_: int) -> dict:
-    """Run round ``round_`` and return its metrics record."""
+def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
+    """Run round ``round_`` and return its record."""
     t0 = time.perf_counter()
     local, sampled_tokens, seconds_score = sample_local(ctx, round_)
     return_freed_heap()
@@ -122,28 +123,28 @@ def run_round(ctx: RoundContext, round_: int) -> dict:
     per_task: dict[str, list[float]] = defaultdict(list)
     for g in local:
         per_task[g.ref.dataset].extend(g.rewards)
-    return {
-        "round": round_,
-        "policy_version": ctx.trainer.policy_version,
-        "reward_mean": _mean(local_rewards),
-        "task_score_mean": _mean([s for g in local for s in g.task_scores]),
-        "reward_peer_mean": _mean([r for g in peer_groups for r in g.rewards]),
-        "format_rate": _mean([float(ok) for g in local for ok in g.format_ok]),
-        "reward_by_task": {task: _mean(v) for task, v in sorted(per_task.items())},
-        "groups_total": len(groups),
-        "groups_local": len(local),
-        "groups_peer": len(peer_groups),
-        "groups_replayed": len(replayed),
-        "replay_dropped_stale": ctx.replay.dropped_stale if ctx.replay is not None else 0,
-        "reincarnated": ctx.trainer.reincarnated,
-        "groups_kept": len({id(s.group) for s in sequences}),
-        "sampled_tokens": sampled_tokens,
-        "sample_tokens_per_s": sampled_tokens / max(t_sample - t0 - seconds_score, 1e-9),
-        "seconds_sample": t_sample - t0 - seconds_score,
-        "seconds_score": seconds_score,
-        "seconds_share": t_share - t_sample,
-        "seconds_train": t_train - t_share,
-        "seconds_sync": sync_seconds,
-        "seconds_total": t_end - t0,
-        **{f"train_{k}": v for k, v in stats.as_dict().items()},
-    }
+    return RoundRecord(
+        round=round_,
+        policy_version=ctx.trainer.policy_version,
+        reward_mean=_mean(local_rewards),
+        task_score_mean=_mean([s for g in local for s in g.task_scores]),
+        reward_peer_mean=_mean([r for g in peer_groups for r in g.rewards]),
+        format_rate=_mean([float(ok) for g in local for ok in g.format_ok]),
+        reward_by_task={task: _mean(v) for task, v in sorted(per_task.items())},
+        groups_total=len(groups),
+        groups_local=len(local),
+        groups_peer=len(peer_groups),
+        groups_replayed=len(replayed),
+        replay_dropped_stale=ctx.replay.dropped_stale if ctx.replay is not None else 0,
+        reincarnated=ctx.trainer.reincarnated,
+        groups_kept=len({id(s.group) for s in sequences}),
+        sampled_tokens=sampled_tokens,
+        sample_tokens_per_s=sampled_tokens / max(t_sample - t0 - seconds_score, 1e-9),
+        seconds_sample=t_sample - t0 - seconds_score,
+        seconds_score=seconds_score,
+        seconds_share=t_share - t_sample,
+        seconds_train=t_train - t_share,
+        seconds_sync=sync_seconds,
+        seconds_total=t_end - t0,
+        train=stats,
+    )

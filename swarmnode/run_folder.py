@@ -9,7 +9,7 @@ never may, because the checkpoints hold its weights.
 
 A swarm node's folder also remembers where it was in the network (``known_peers.json``: its listen port
 and up to ``MAX_KNOWN_PEERS`` peers' addresses), so that a restart with the same command finds its swarm
-again instead of founding a new one on a new port (``node.rejoin_network`` reads it).
+again instead of founding a new one on a new port (``join.rejoin_network`` reads it).
 """
 
 from __future__ import annotations

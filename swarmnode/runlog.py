@@ -1,13 +1,20 @@
-"""What the user sees and keeps: one console line per round and every round's record in JSONL."""
+"""What the user sees and keeps: one console line per round and every round's record in JSONL.
+
+``metrics.jsonl`` is read and written as dicts (``RoundRecord.as_dict`` makes a round's line); the console
+line reads the ``RoundRecord`` itself.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from swarmnode.common import WriteFailures, atomic_write
+
+if TYPE_CHECKING:
+    from swarmnode.round_record import RoundRecord
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -41,7 +48,8 @@ class RunLog:
         return dropped
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one record; on a full disk the record is skipped (said once, counted), never raised."""
+        """Append one record (``RoundRecord.as_dict``); on a full disk the record is skipped (said once,
+        counted), never raised."""
         with self.write_failures.guard(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:
@@ -60,12 +68,12 @@ def _parse(text: str) -> list[dict[str, Any]]:
     return records
 
 
-def round_line(record: dict[str, Any]) -> str:
+def round_line(record: RoundRecord) -> str:
     """The per-round console line."""
     return (
-        f"round {record['round']:>4}  reward {record['reward_mean']:.3f}  "
-        f"format {record['format_rate']:.0%}  groups {record['groups_kept']}/{record['groups_total']}  "
-        f"sample {record['sample_tokens_per_s']:.0f} tok/s  "
-        f"step {record['seconds_total']:.1f}s (sample {record['seconds_sample']:.1f} / "
-        f"train {record['seconds_train']:.1f})"
+        f"round {record.round:>4}  reward {record.reward_mean:.3f}  "
+        f"format {record.format_rate:.0%}  groups {record.groups_kept}/{record.groups_total}  "
+        f"sample {record.sample_tokens_per_s:.0f} tok/s  "
+        f"step {record.seconds_total:.1f}s (sample {record.seconds_sample:.1f} / "
+        f"train {record.seconds_train:.1f})"
     )

@@ -19,7 +19,7 @@ TENSORBOARD_DIR = "tensorboard"
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The numbers of a round record by tag; strings and missing values (None) have no scalar."""
+    """The numbers of a ``metrics.jsonl`` line by tag; strings and missing values (None) have no scalar."""
     out: dict[str, float] = {}
     for key, value in record.items():
         if isinstance(value, dict):
@@ -45,6 +45,7 @@ class TensorBoardLog:
         self._writer = None
 
     def append(self, record: dict[str, Any]) -> None:
+        """One round's scalars, from its ``metrics.jsonl`` line (``RoundRecord.as_dict``)."""
         step = record["round"]
         if self._writer is None:  # the first round of this process: hide events of any later round
             self._writer = self._make_writer(log_dir=str(self.log_dir), purge_step=step)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ("tests.helpers.verify_world",)  # the verifier tests' bank fixtures
+# fixtures shared by several test files: the verifier tests' banks, the learner tests' tiny models
+pytest_plugins = ("tests.helpers.verify_world", "tests.helpers.tiny_policies")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

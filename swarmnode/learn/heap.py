@@ -26,12 +26,17 @@ MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 # While sampling: glibc's own ceiling for its dynamic threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit),
 # where a process that never fixed one ends up. Blocks below it are reused from the heap step after step.
 SAMPLING_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
+# ... and the heap's top is kept up to twice that, as glibc's dynamic mode does. A fixed mmap threshold
+# leaves the trim threshold at glibc's 128 KiB: every free at the top of the heap gave pages back and the
+# next decode step faulted them in again (``generate`` 54 tok/s; with this, 67, as with glibc's defaults).
+SAMPLING_TRIM_THRESHOLD_BYTES = 2 * SAMPLING_MMAP_THRESHOLD_BYTES
+DEFAULT_TRIM_THRESHOLD_BYTES = 128 * 1024  # glibc's, where every other phase leaves it
 # During a CPU training step: a checkpointed backward pass allocates row blocks of 1-4 MiB (SmolLM2: a
 # [tokens, 576] activation is 3.2 MiB at 1400 tokens) among blocks that outlive them; in the heap their
 # holes stay resident, 0.5 GB of SmolLM2's worst-case step. Mmapped, each costs page faults instead
 # (12% of that step's time, docs/performance.md).
 TRAINING_MMAP_THRESHOLD_BYTES = 1024 * 1024
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 _fixed_threshold: int | None = None  # what this process last fixed (glibc has no getter)
 
 
@@ -42,31 +47,36 @@ def _libc():
         return None
 
 
+def _mallopt(param: int, value: int) -> bool:
+    libc = _libc()
+    return libc is not None and hasattr(libc, "mallopt") and bool(libc.mallopt(param, value))
+
+
 def return_large_blocks_on_free(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Fix glibc's mmap threshold (once, at start); False (and nothing done) without glibc."""
     global _fixed_threshold
-    libc = _libc()
-    fixed = (
-        libc is not None
-        and hasattr(libc, "mallopt")
-        and bool(libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
-    )
+    fixed = _mallopt(_M_MMAP_THRESHOLD, threshold_bytes)
     if fixed:
         _fixed_threshold = threshold_bytes
     return fixed
 
 
 @contextlib.contextmanager
-def _heap_phase(threshold_bytes: int, *, keep_lower: bool) -> Iterator[None]:
+def _heap_phase(threshold_bytes: int, *, keep_lower: bool, trim_bytes: int | None = None) -> Iterator[None]:
     """``threshold_bytes`` fixed inside (with ``keep_lower``, a lower one already fixed stays, as the memory
-    benchmark's); afterwards the threshold fixed before, MMAP_THRESHOLD_BYTES if none."""
+    benchmark's), and the trim threshold at ``trim_bytes`` if given; afterwards the threshold fixed
+    before (MMAP_THRESHOLD_BYTES if none) and glibc's trim threshold."""
     before = _fixed_threshold
     if not (keep_lower and before is not None and before <= threshold_bytes):
         return_large_blocks_on_free(threshold_bytes)
+    if trim_bytes is not None:
+        _mallopt(_M_TRIM_THRESHOLD, trim_bytes)
     try:
         yield
     finally:
         return_large_blocks_on_free(before if before is not None else MMAP_THRESHOLD_BYTES)
+        if trim_bytes is not None:
+            _mallopt(_M_TRIM_THRESHOLD, DEFAULT_TRIM_THRESHOLD_BYTES)
 
 
 def training_heap() -> contextlib.AbstractContextManager[None]:
@@ -75,8 +85,11 @@ def training_heap() -> contextlib.AbstractContextManager[None]:
 
 
 def sampling_heap() -> contextlib.AbstractContextManager[None]:
-    """Sampling and weight sync: blocks under SAMPLING_MMAP_THRESHOLD_BYTES reused from the heap."""
-    return _heap_phase(SAMPLING_MMAP_THRESHOLD_BYTES, keep_lower=False)
+    """Sampling and weight sync: blocks under SAMPLING_MMAP_THRESHOLD_BYTES reused from the heap, whose
+    top is kept up to SAMPLING_TRIM_THRESHOLD_BYTES (the round trims it after the phase)."""
+    return _heap_phase(
+        SAMPLING_MMAP_THRESHOLD_BYTES, keep_lower=False, trim_bytes=SAMPLING_TRIM_THRESHOLD_BYTES
+    )
 
 
 def return_freed_heap() -> None:

@@ -38,13 +38,14 @@ How the trainer uses this, per round:
 2. ``c = correction_for(mode, old_logp=..., behaviour_logp=..., has_behaviour=..., mask=...)`` per
    micro-batch; ``total_tokens = sum(c.tokens)``;
 3. per update and micro-batch: ``corrected_loss(c, logp, old_logp, advantages, total_tokens=...)``.
-``c.stats`` are the diagnostics; ``ess_lr_scale`` turns their ESS into a learning-rate factor.
+``c.stats`` are the diagnostics (``CorrectionStats``); ``ess_lr_scale`` turns their ESS into a learning-rate
+factor.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -254,6 +255,28 @@ def kl_behaviour_k1(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, usable
 # Dispatcher
 
 
+@dataclass(frozen=True)
+class CorrectionStats:
+    """One micro-batch's diagnostics of its correction (``correction_for``); the trainer sums them over an
+    update (``trainer.UpdateTotals``)."""
+
+    tokens: float  # completion tokens
+    kept_tokens: float  # those still counted after masking
+    behaviour_frac: float  # share of tokens with behaviour log-probs
+    ratio_mean: float  # raw pi_old/mu over tokens with behaviour log-probs (1 if none)
+    ratio_max: float
+    # the factor by which the mode scales each kept token's GRPO gradient at the start of the update
+    # (none 1; tis min(r, C); icepop r; remix r; luffy p*gamma/(p+gamma)^2 on shaped tokens)
+    weight_mean: float
+    weight_max: float
+    clip_frac: float  # share of tokens whose tis weight was truncated
+    mask_frac: float  # share of tokens icepop dropped
+    ess: float  # ``effective_sample_size`` of those weights over kept tokens
+    weight_sum: float  # with weight_sq_sum: the ESS over several micro-batches
+    weight_sq_sum: float
+    kl_k1: float  # ``kl_behaviour_k1``, KL(mu || pi_old) by the k1 estimator
+
+
 @dataclass(frozen=True, eq=False)
 class Correction:
     """What one micro-batch's loss needs for a given mode, and the diagnostics.
@@ -261,17 +284,17 @@ class Correction:
     ``token_weight``: detached [B, T] weight on the PPO term, None = 1 (none, remix, luffy).
     ``mask``: bool [B, T], the tokens that count; its sum over the batch is ``total_tokens``.
     ``behaviour_logp``: sanitized mu, with mu := pi_old where there is none (used by remix).
+    ``stats``: the diagnostics (``CorrectionStats``).
     ``shaped``: bool [B, T] tokens trained with LUFFY shaping (luffy mode), else None.
-    ``stats``: per-call diagnostics, see ``correction_for``.
     """
 
     mode: Mode
     token_weight: torch.Tensor | None
     mask: torch.Tensor
     behaviour_logp: torch.Tensor
+    stats: CorrectionStats
     shaped: torch.Tensor | None = None
     gamma: float = LUFFY_GAMMA
-    stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens(self) -> int:
@@ -296,15 +319,7 @@ def correction_for(
 
     ``behaviour_logp``/``has_behaviour`` are ``PaddedBatch``'s; they are sanitized here (NaN: none).
     ``mask`` is the completion mask. ``trusted=False`` (peers' data): token weights are capped at
-    ``UNTRUSTED_WEIGHT_CAP``. Diagnostics (floats):
-    - ``tokens``: completion tokens; ``kept_tokens``: those still counted after masking;
-    - ``behaviour_frac``: share of tokens with behaviour log-probs;
-    - ``ratio_mean``/``ratio_max``: raw pi_old/mu over tokens with behaviour log-probs (1 if none);
-    - ``weight_mean``/``weight_max``: the factor by which the mode scales each kept token's GRPO gradient
-      at the start of the update (1; min(r, C); r; r; LUFFY's p*gamma/(p+gamma)^2 on shaped tokens);
-    - ``clip_frac``: share of tokens whose tis weight was truncated; ``mask_frac``: share icepop dropped;
-    - ``ess``: ``effective_sample_size`` of those weights over kept tokens;
-    - ``kl_k1``: ``kl_behaviour_k1``, KL(mu || pi_old) by the k1 estimator.
+    ``UNTRUSTED_WEIGHT_CAP``. The diagnostics are ``CorrectionStats``.
     """
     if mode not in MODES:
         raise ValueError(f"unknown off-policy correction {mode!r}; choose one of {', '.join(MODES)}")
@@ -347,29 +362,29 @@ def correction_for(
 
     kept_w = effective.detach().double()[keep]
     raw = ratio.double()[usable]
-    stats = {
-        "tokens": float(n_valid),
-        "kept_tokens": float(keep.sum()),
-        "behaviour_frac": int(usable.sum()) / max(n_valid, 1),
-        "ratio_mean": float(raw.mean()) if raw.numel() else 1.0,
-        "ratio_max": float(raw.max()) if raw.numel() else 1.0,
-        "weight_mean": float(kept_w.mean()) if kept_w.numel() else 1.0,
-        "weight_max": float(kept_w.max()) if kept_w.numel() else 1.0,
-        "clip_frac": clip_frac,
-        "mask_frac": mask_frac,
-        "ess": effective_sample_size(effective, keep),
-        "weight_sum": float(kept_w.sum()),  # with weight_sq_sum: ESS over several micro-batches
-        "weight_sq_sum": float((kept_w**2).sum()),
-        "kl_k1": kl_behaviour_k1(old_logp, mu, usable),
-    }
+    stats = CorrectionStats(
+        tokens=float(n_valid),
+        kept_tokens=float(keep.sum()),
+        behaviour_frac=int(usable.sum()) / max(n_valid, 1),
+        ratio_mean=float(raw.mean()) if raw.numel() else 1.0,
+        ratio_max=float(raw.max()) if raw.numel() else 1.0,
+        weight_mean=float(kept_w.mean()) if kept_w.numel() else 1.0,
+        weight_max=float(kept_w.max()) if kept_w.numel() else 1.0,
+        clip_frac=clip_frac,
+        mask_frac=mask_frac,
+        ess=effective_sample_size(effective, keep),
+        weight_sum=float(kept_w.sum()),
+        weight_sq_sum=float((kept_w**2).sum()),
+        kl_k1=kl_behaviour_k1(old_logp, mu, usable),
+    )
     return Correction(
         mode=mode,
         token_weight=token_weight,
         mask=keep,
         behaviour_logp=mu,
+        stats=stats,
         shaped=shaped,
         gamma=luffy_gamma,
-        stats=stats,
     )
 
 

@@ -36,15 +36,24 @@ from swarmnode.learn.batch import PaddedBatch, TrainSequence, microbatches, pad_
 from swarmnode.learn.grpo import LossTerms, kl_penalty
 from swarmnode.learn.heap import return_freed_heap, training_heap
 from swarmnode.learn.logprobs import completion_logprobs
-from swarmnode.learn.offpolicy import corrected_loss, correction_for, ess_lr_scale, remix_kl_coef
+from swarmnode.learn.offpolicy import (
+    CorrectionStats,
+    corrected_loss,
+    correction_for,
+    ess_lr_scale,
+    remix_kl_coef,
+)
 from swarmnode.learn.precision import autocast_dtype
 from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch's AdamW has a fused kernel (fp32 and bf16 weights)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepStats:
+    """One round's update, as ``Trainer.step`` returns it; a round's metrics.jsonl line has each field as
+    ``train_<field>``."""
+
     sequences: int = 0
     tokens: int = 0  # completion tokens that counted in the loss (after masking)
     loss: float = 0.0
@@ -81,19 +90,19 @@ class UpdateTotals:
     behaviour_kl: float = 0.0  # log mu - log pi_old summed over tokens with behaviour log-probs
     behaviour_tokens: float = 0.0  # how many tokens have behaviour log-probs
 
-    def add(self, terms: LossTerms, stats: dict[str, float]) -> None:
+    def add(self, terms: LossTerms, stats: CorrectionStats) -> None:
         """One micro-batch's loss terms and ``Correction.stats``."""
         self.loss += terms.loss.item()
         self.kl += terms.kl_sum
         self.clipped_low += terms.clipped_low
         self.clipped_high += terms.clipped_high
-        self.kept_tokens += stats["kept_tokens"]
-        self.tokens += stats["tokens"]
-        self.weight_sum += stats["weight_sum"]
-        self.weight_sq_sum += stats["weight_sq_sum"]
-        self.weight_max = max(self.weight_max, stats["weight_max"])
-        usable = stats["behaviour_frac"] * stats["tokens"]
-        self.behaviour_kl += stats["kl_k1"] * usable
+        self.kept_tokens += stats.kept_tokens
+        self.tokens += stats.tokens
+        self.weight_sum += stats.weight_sum
+        self.weight_sq_sum += stats.weight_sq_sum
+        self.weight_max = max(self.weight_max, stats.weight_max)
+        usable = stats.behaviour_frac * stats.tokens
+        self.behaviour_kl += stats.kl_k1 * usable
         self.behaviour_tokens += usable
 
 

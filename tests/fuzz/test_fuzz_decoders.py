@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swarmnode.identity import Identity, peer_id_from_public_key, public_key_from_peer_id
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, framing, limits, protocol
 from tests.helpers.mutations import (
     ACCEPTED,
     FRAME_SEEDS,
@@ -41,8 +41,8 @@ def decode(data: bytes, expected_type: str | None = None) -> tuple[str, protocol
     """(verdict, message): "accept" or the reject reason. Any other exception fails the test."""
     try:
         msg, sender = codec.decode_message(data, swarm_id=SWARM, expected_type=expected_type)
-    except protocol.ProtocolError as exc:
-        assert exc.reason in protocol.REJECT_REASONS, exc
+    except limits.ProtocolError as exc:
+        assert exc.reason in limits.REJECT_REASONS, exc
         note(f"reject: {exc.reason}")
         return exc.reason, None
     assert sender == msg.peer_id
@@ -57,7 +57,7 @@ def test_the_seeds_are_the_protocol_vectors():
 
 
 @fuzz_settings(scale=3)
-@given(byte_mutant(MESSAGE_SEEDS), st.sampled_from([None, *protocol.MESSAGE_TYPES]))
+@given(byte_mutant(MESSAGE_SEEDS), st.sampled_from([None, *limits.MESSAGE_TYPES]))
 def test_byte_mutants_are_rejected_with_a_reason(data, expected_type):
     verdict, _ = decode(data, expected_type)
     if verdict == "accept":  # only bytes a key holder signed get through: an accepted vector, unchanged
@@ -66,7 +66,7 @@ def test_byte_mutants_are_rejected_with_a_reason(data, expected_type):
 
 signed_mutants = st.sampled_from(STRUCTURE_SEEDS).flatmap(
     lambda seed: st.tuples(
-        st.sampled_from([seed[0]] * 6 + list(protocol.MESSAGE_TYPES)), structural_mutant(seed[1])
+        st.sampled_from([seed[0]] * 6 + list(limits.MESSAGE_TYPES)), structural_mutant(seed[1])
     )
 )
 
@@ -135,7 +135,7 @@ WORST_CASES = {
 
 @pytest.mark.parametrize("name", list(WORST_CASES))
 def test_worst_case_inputs_cost_bounded_memory_and_time(name, record_property):
-    data = WORST_CASES[name]()[: protocol.MAX_FRAME_BYTES]
+    data = WORST_CASES[name]()[: limits.MAX_FRAME_BYTES]
     tracemalloc.start()
     try:
         decode(data)
@@ -156,22 +156,22 @@ def test_worst_case_inputs_cost_bounded_memory_and_time(name, record_property):
 
 
 @fuzz_settings()
-@given(st.binary(max_size=8) | byte_mutant(FRAME_SEEDS), st.sampled_from([protocol.MAX_FRAME_BYTES, 255, 0]))
+@given(st.binary(max_size=8) | byte_mutant(FRAME_SEEDS), st.sampled_from([limits.MAX_FRAME_BYTES, 255, 0]))
 def test_frame_headers_parse_within_the_cap_or_are_refused(header, cap):
     try:
-        length = protocol.parse_frame_header(header, cap)
-    except protocol.ProtocolError as exc:
+        length = framing.parse_frame_header(header, cap)
+    except limits.ProtocolError as exc:
         assert exc.reason in {"malformed", "oversize"}
         return
-    assert 0 <= length <= cap and protocol.encode_frame_header(length, cap) == header
+    assert 0 <= length <= cap and framing.encode_frame_header(length, cap) == header
 
 
 @fuzz_settings()
 @given(st.binary(max_size=64))
 def test_pull_requests_are_32_bytes_or_malformed(request_bytes):
     try:
-        assert protocol.parse_pull_request(request_bytes) == request_bytes and len(request_bytes) == 32
-    except protocol.ProtocolError as exc:
+        assert framing.parse_pull_request(request_bytes) == request_bytes and len(request_bytes) == 32
+    except limits.ProtocolError as exc:
         assert exc.reason == "malformed" and len(request_bytes) != 32
 
 
@@ -206,5 +206,5 @@ def test_peer_ids_map_back_to_exactly_one_key(peer_id):
 def test_msgpack_is_never_decoded_without_limits():
     """The one msgpack decode on the network path refuses what the limits refuse (spot check of
     ``codec._unpack``; tests/unit/test_security.py checks the source for other decode calls)."""
-    big = msgpack.packb({"v": 1, "b": "x" * (protocol.UNPACK_MAX_STR_LEN + 1)})
+    big = msgpack.packb({"v": 1, "b": "x" * (limits.UNPACK_MAX_STR_LEN + 1)})
     assert decode(big)[0] == "malformed"

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from swarmnode.rollouts import Completion, Provenance
 from swarmnode.swarm.exchange.verify import ALL_REASONS
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, limits, protocol
 from swarmnode.tasks import INDEX_LIMIT, SEED_LIMIT, TaskBank
 from tests.helpers.mutations import fuzz_settings, note, sign_body, structural_mutant
 from tests.helpers.verify_world import HOSTILE, MIX, SWARM, Node, Peer
@@ -63,7 +63,7 @@ def check_outcome(node: Node, bank: TaskBank, accepted: list) -> None:
 @given(data=st.data())
 def test_signed_mutants_of_a_valid_batch(bank, peer_bank, valid, data):
     body = data.draw(structural_mutant(valid.to_body()))
-    payload = sign_body(HOSTILE, protocol.ROLLOUT_BATCH, body, SWARM)
+    payload = sign_body(HOSTILE, limits.ROLLOUT_BATCH, body, SWARM)
     node = Node(bank)
     check_outcome(node, bank, deliver(node, Peer(HOSTILE, peer_bank), payload, valid))
 
@@ -112,7 +112,7 @@ def test_random_task_refs_regenerate_or_are_bad_task(bank, peer_bank, valid, dat
     for group in body["groups"]:
         config = dict(MIX[dataset].config) if dataset in MIX else {}
         group["task"].update(dataset=dataset, config=config, seed=seed, index=index)
-    payload = sign_body(HOSTILE, protocol.ROLLOUT_BATCH, body, SWARM)
+    payload = sign_body(HOSTILE, limits.ROLLOUT_BATCH, body, SWARM)
     node = Node(bank)
     accepted = deliver(node, Peer(HOSTILE, peer_bank), payload, valid)
     check_outcome(node, bank, accepted)

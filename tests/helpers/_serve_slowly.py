@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from swarmnode.config import SwarmConfig
+from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire.protocol import encode_frame_header
+from swarmnode.swarm.wire.framing import encode_frame_header
 
 SLOW_DIGEST = b"\x51" * 32
 SLOW_BYTES = 4 * 1024 * 1024
@@ -25,7 +26,7 @@ CHUNK_DELAY_S = 0.25
 LIFETIME_S = 120.0
 
 
-class SlowTransport(Transport):
+class SlowPayloads(PayloadServer):
     async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
         if digest != SLOW_DIGEST:
             return await super()._send_payload(writer, digest)
@@ -40,8 +41,10 @@ class SlowTransport(Transport):
 
 def main() -> None:
     identity_path, initial_peer = sys.argv[1], sys.argv[2]
-    transport = SlowTransport(
-        Path(identity_path), SwarmConfig(initial_peers=[initial_peer]), serve_timeout_s=60
+    transport = Transport(
+        Path(identity_path),
+        SwarmConfig(initial_peers=[initial_peer]),
+        payloads=SlowPayloads(serve_timeout_s=60),
     )
     try:
         maddrs = transport.start()

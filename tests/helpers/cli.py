@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from swarmnode.experiment.processes import REPO, node_env
+
 TINY = REPO / "node_configs" / "tiny.yaml"
 _SCRIPT = Path(sys.executable).with_name("swarmnode")
 COMMAND = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "swarmnode.cli"]
-
-
-def node_env() -> dict[str, str]:
-    # One compute thread per node: tests run several nodes at once on small machines, and oversubscribed
-    # OpenMP threads spin. Results are the same (the tiny model's digests match across thread counts).
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
 def swarmnode(*args: str, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -75,7 +75,7 @@ async def _flood_batch(_dht, node, *, first: int, count: int) -> int:
                 policy_version=0, round=0, addrs=(), timestamp=now, seq=1,
                 extra={"pad": "x" * FLOOD_PAD_CHARS},
             )  # fmt: skip
-            record_keys.append(keys(swarm, signer.peer_id, "roster")[1])  # = protocol.roster_key
+            record_keys.append(keys(swarm, signer.peer_id, "roster")[1])  # = dht_rules.roster_key
             values.append(codec.encode_message(signer, swarm, card))
             subkeys.append(signer.peer_id)
     stored = await node.store_many(record_keys, values, now + 600, subkeys=subkeys)

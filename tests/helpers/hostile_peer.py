@@ -37,8 +37,9 @@ from swarmnode.config import SwarmConfig, load_config
 from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
 from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, convert, protocol
+from swarmnode.swarm.wire import codec, convert, dht_rules, framing, limits, protocol
 from swarmnode.tasks import TaskBank, answer_char_limit
 
 MARKER = "HOSTILE-MARKER"
@@ -72,11 +73,11 @@ def say(kind: str, payload: object | None = None) -> None:
     print(kind if payload is None else f"{kind} {json.dumps(payload)}", flush=True)
 
 
-class HostileTransport(Transport):
+class HostilePayloads(PayloadServer):
     """Counts what the honest node asks for; digests in ``special`` get a hand-made answer instead."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, **caps):
+        super().__init__(**caps)
         self.requests: Counter[bytes] = Counter()
         self.served: Counter[bytes] = Counter()
         self.special: dict[bytes, Callable[[asyncio.StreamWriter], Awaitable[None]]] = {}
@@ -104,10 +105,10 @@ class Hostile:
         key_path = work_dir / f"{attack}.key"
         self.identity.save(key_path)
         self.peer_id = self.identity.peer_id
-        self.transport = HostileTransport(
+        self.transport = Transport(
             key_path,
             SwarmConfig(swarm_id=swarm_id, initial_peers=[honest_addr]),
-            serve_timeout_s=60.0,
+            payloads=HostilePayloads(serve_timeout_s=60.0),
             start_timeout_s=120.0,  # a loaded test machine can take a while
         )
         self.ttl_s = 60.0
@@ -131,14 +132,14 @@ class Hostile:
             tokenizer_fingerprint="",
             policy_version=0,
             round=self.round,
-            addrs=tuple(self.addrs[: protocol.MAX_ADDRS]),
+            addrs=tuple(self.addrs[: limits.MAX_ADDRS]),
             timestamp=time.time(),
             seq=self.seq(),
             extra=roster_extra(self.bank.fingerprint),  # the honest node's task mix: it pulls from us
         )
         record = codec.encode_message(self.identity, self.swarm_id, card)
-        self.transport.put_record(
-            protocol.roster_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
+        self.transport.records.put(
+            dht_rules.roster_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
         )
         self.last_roster = time.monotonic()
 
@@ -152,7 +153,7 @@ class Hostile:
 
     def honest_round(self) -> int | None:
         """The round in the honest node's roster card (it republishes it as each exchange starts)."""
-        record = self.transport.get_records(protocol.roster_key(self.swarm_id, self.honest_peer)).get(
+        record = self.transport.records.get(dht_rules.roster_key(self.swarm_id, self.honest_peer)).get(
             self.honest_peer
         )
         if record is None:
@@ -161,10 +162,10 @@ class Hostile:
             card, _ = codec.decode_message(
                 record,
                 swarm_id=self.swarm_id,
-                expected_type=protocol.ROSTER_CARD,
+                expected_type=limits.ROSTER_CARD,
                 expected_peer_id=self.honest_peer,
             )
-        except protocol.ProtocolError:
+        except limits.ProtocolError:
             return None
         return card.round
 
@@ -253,8 +254,8 @@ class Hostile:
             seq=self.seq() if seq is None else seq,
         )
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
-        if not self.transport.put_record(
-            protocol.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
+        if not self.transport.records.put(
+            dht_rules.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, self.ttl_s
         ):
             say("WARN", {"put_record": "failed"})
         return announcement
@@ -264,8 +265,8 @@ class Hostile:
         step = {
             "name": name,
             "digest": digest.hex(),
-            "requested": self.transport.requests[digest],
-            "served": self.transport.served[digest],
+            "requested": self.transport.payloads.requests[digest],
+            "served": self.transport.payloads.served[digest],
             **extra,
         }
         self.steps.append(step)
@@ -285,12 +286,12 @@ class Hostile:
     ) -> dict:
         """Offer ``data`` (or answer ``digest`` with a special handler), announce it, and wait until the
         honest node has pulled it (or STEP_TIMEOUT_S passes: the step then says served = 0)."""
-        digest = digest or protocol.payload_digest(data)
-        if digest not in self.transport.special:
-            self.transport.offer(digest, data)
+        digest = digest or limits.payload_digest(data)
+        if digest not in self.transport.payloads.special:
+            self.transport.payloads.offer(digest, data)
         announcement = self.announce(digest, length or len(data), batch, seq=seq)
         deadline = time.monotonic() + STEP_TIMEOUT_S
-        while time.monotonic() < deadline and not self.transport.served[digest]:
+        while time.monotonic() < deadline and not self.transport.payloads.served[digest]:
             self.sleep(0.1)
         return self.record(name, digest, seq=announcement.seq, **extra)
 
@@ -298,10 +299,10 @@ class Hostile:
         """A valid, informative batch after the ban: a banned peer's data is never even pulled."""
         batch = self.batch([self.group(), self.group()])
         data = self.encode(batch)
-        self.transport.offer(protocol.payload_digest(data), data)
-        self.announce(protocol.payload_digest(data), len(data), batch)
+        self.transport.payloads.offer(limits.payload_digest(data), data)
+        self.announce(limits.payload_digest(data), len(data), batch)
         self.wait_next_exchange()
-        self.record("valid_after_ban", protocol.payload_digest(data))
+        self.record("valid_after_ban", limits.payload_digest(data))
 
     # --- attacks -----------------------------------------------------------------------------------
     def forged_signature(self) -> None:
@@ -320,8 +321,8 @@ class Hostile:
         body = batch.to_body()
         body["peer_id"] = self.honest_peer
         body_bytes = codec.canonical_packb(body)
-        signature = self.identity.sign(codec.signing_bytes(protocol.ROLLOUT_BATCH, self.swarm_id, body_bytes))
-        data = codec.pack_envelope(protocol.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
+        signature = self.identity.sign(codec.signing_bytes(limits.ROLLOUT_BATCH, self.swarm_id, body_bytes))
+        data = codec.pack_envelope(limits.ROLLOUT_BATCH, body_bytes, self.identity.public_key, signature)
         self.send("impersonation", data, batch)
         self.probe_after_ban()
 
@@ -331,17 +332,17 @@ class Hostile:
         data = self.encode(original)
         first = self.send("control", data, original, groups=[audit_key(g) for g in original.groups])
         # the same payload announced anew: never pulled again (-> duplicate_payload)
-        digest = protocol.payload_digest(data)
+        digest = limits.payload_digest(data)
         self.announce(digest, len(data), original)
         self.wait_next_exchange()
         self.record("reannounced_payload", digest)
         # an announcement carrying an old seq (new bytes): the DHT-level replay (-> replay, not charged)
         fresh = self.batch([self.group(), self.group()])
         fresh_data = self.encode(fresh)
-        self.transport.offer(protocol.payload_digest(fresh_data), fresh_data)
-        self.announce(protocol.payload_digest(fresh_data), len(fresh_data), fresh, seq=first["seq"])
+        self.transport.payloads.offer(limits.payload_digest(fresh_data), fresh_data)
+        self.announce(limits.payload_digest(fresh_data), len(fresh_data), fresh, seq=first["seq"])
         self.wait_next_exchange()
-        self.record("old_seq_announcement", protocol.payload_digest(fresh_data))
+        self.record("old_seq_announcement", limits.payload_digest(fresh_data))
         # the accepted groups re-signed under the accepted batch's seq: new bytes, new sha256, new
         # announcement; only the batch's own seq gives it away (-> replay)
         again = replace(original, timestamp=time.time())
@@ -359,11 +360,11 @@ class Hostile:
             digest = hashlib.sha256(name.encode()).digest()
 
             async def answer(writer: asyncio.StreamWriter, claimed: int = claimed) -> None:
-                writer.write(claimed.to_bytes(protocol.FRAME_HEADER_BYTES, "big") + b"\x00" * 4096)
+                writer.write(claimed.to_bytes(framing.FRAME_HEADER_BYTES, "big") + b"\x00" * 4096)
                 await writer.drain()
                 await asyncio.sleep(2.0)
 
-            self.transport.special[digest] = answer
+            self.transport.payloads.special[digest] = answer
             self.send(name, b"", None, length=4096, digest=digest)
 
     def malformed(self) -> None:
@@ -439,8 +440,8 @@ class Hostile:
         digests = []
         for _ in range(12):
             batch, data = big(informative=True)
-            digests.append(protocol.payload_digest(data))
-            self.transport.offer(digests[-1], data)
+            digests.append(limits.payload_digest(data))
+            self.transport.payloads.offer(digests[-1], data)
             self.announce(digests[-1], len(data), batch)
             self.sleep(0.5)
             if (self.honest_round() or 0) > start:
@@ -457,7 +458,7 @@ class Hostile:
         answer = ("P ∧ " * 64)[: answer_char_limit(COSTLY_DATASET) - 1] + "P"
         config = self.cfg.tasks.mix[COSTLY_DATASET].config
         groups = []
-        for _ in range(protocol.MAX_GROUPS_PER_BATCH):
+        for _ in range(limits.MAX_GROUPS_PER_BATCH):
             self.next_index += 1
             ref = TaskRef.make(COSTLY_DATASET, HOSTILE_SEED, self.next_index, config)
             tail = f"<answer>{answer}</answer>"
@@ -482,7 +483,7 @@ class Hostile:
         digest = hashlib.sha256(b"trickle").digest()
 
         async def answer(writer: asyncio.StreamWriter) -> None:
-            writer.write(TRICKLE_BYTES.to_bytes(protocol.FRAME_HEADER_BYTES, "big"))
+            writer.write(TRICKLE_BYTES.to_bytes(framing.FRAME_HEADER_BYTES, "big"))
             for i in range(TRICKLE_BYTES // TRICKLE_CHUNK):
                 writer.write(b"s" * TRICKLE_CHUNK)
                 await writer.drain()
@@ -490,7 +491,7 @@ class Hostile:
                     say("STREAMING")
                 await asyncio.sleep(TRICKLE_DELAY_S)
 
-        self.transport.special[digest] = answer
+        self.transport.payloads.special[digest] = answer
         self.announce(digest, TRICKLE_BYTES, None)
         self.sleep(LIFETIME_S)
 

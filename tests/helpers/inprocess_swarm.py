@@ -11,7 +11,9 @@ from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.tasks import TaskBank
 
 
-def make_swarm(tmp_path, name: str, initial_peers: list[str], swarm_id: str) -> Swarm:
+def make_swarm(
+    tmp_path, name: str, initial_peers: list[str], swarm_id: str, share_deadline_s: float = 10
+) -> Swarm:
     """An unstarted Swarm with its own identity and run folder under ``tmp_path / name``; the policy is a
     stand-in with a name, a tokenizer fingerprint and a vocabulary size (nothing samples or trains)."""
     identity = Identity.generate()
@@ -19,7 +21,11 @@ def make_swarm(tmp_path, name: str, initial_peers: list[str], swarm_id: str) -> 
     identity.save(key)
     cfg = NodeConfig.model_validate(
         {
-            "swarm": {"swarm_id": swarm_id, "initial_peers": initial_peers, "share_deadline_s": 10},
+            "swarm": {
+                "swarm_id": swarm_id,
+                "initial_peers": initial_peers,
+                "share_deadline_s": share_deadline_s,
+            },
             "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
         }
     )

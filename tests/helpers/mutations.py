@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
 from swarmnode.identity import Identity
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, limits
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -78,7 +78,7 @@ STRUCTURE_SEEDS = [(env["t"], env["b"]) for env in map(seed_envelope, MESSAGE_SE
 MSGPACK_INT_MIN, MSGPACK_INT_MAX = -(2**63), 2**64 - 1
 INT_EDGES = (0, 1, -1, 127, 128, 255, 256, 2**31, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, -(2**63))
 FLOAT_EDGES = (0.0, -0.0, 1.0, -1.0, 1e308, -1e308, 5e-324, float("nan"), float("inf"), float("-inf"))
-STR_SIZES = (0, 1, 31, 32, 64, 65, 128, 129, 255, 256, 257, protocol.MAX_COMPLETION_TEXT_BYTES)
+STR_SIZES = (0, 1, 31, 32, 64, 65, 128, 129, 255, 256, 257, limits.MAX_COMPLETION_TEXT_BYTES)
 
 leaves = (
     st.none()
@@ -177,7 +177,7 @@ def sign_body(identity: Identity, msg_type: str, body: dict, swarm_id: str) -> b
     """Sign any body as its sender would (canonical bytes when it has a canonical form)."""
     try:
         body_bytes = codec.canonical_packb(body)
-    except protocol.ProtocolError:  # not representable canonically (e.g. nesting): sign the plain encoding
+    except limits.ProtocolError:  # not representable canonically (e.g. nesting): sign the plain encoding
         body_bytes = msgpack.packb(body, use_bin_type=True)
     claimed = body.get("swarm_id")
     swarm = claimed if isinstance(claimed, str) else swarm_id

@@ -18,7 +18,7 @@ from pathlib import Path
 from hivemind.p2p import P2P, PeerID
 
 from swarmnode.identity import Identity
-from swarmnode.swarm.wire.protocol import PAYLOAD_STREAM
+from swarmnode.swarm.wire.framing import PAYLOAD_STREAM
 
 SYBILS = 16
 STREAMS_PER_SYBIL = 4  # the serving node's per-peer cap

@@ -20,7 +20,7 @@ from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.verify import roster_extra
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, dht_rules, limits, protocol
 from swarmnode.tasks import TaskBank
 
 TTL_S = 60.0
@@ -41,15 +41,15 @@ def main() -> None:
     seq = int(time.time() * 1000)
     card = protocol.RosterCard(
         peer_id=identity.peer_id, swarm_id=swarm, model_name="tiny-llama", tokenizer_fingerprint="ab" * 32,
-        policy_version=0, round=0, addrs=tuple(addrs[: protocol.MAX_ADDRS]), timestamp=time.time(), seq=seq,
+        policy_version=0, round=0, addrs=tuple(addrs[: limits.MAX_ADDRS]), timestamp=time.time(), seq=seq,
         extra=roster_extra(bank.fingerprint),
     )  # fmt: skip
     record = codec.encode_message(identity, swarm, card)
-    transport.put_record(protocol.roster_key(swarm, identity.peer_id), identity.peer_id, record, TTL_S)
+    transport.records.put(dht_rules.roster_key(swarm, identity.peer_id), identity.peer_id, record, TTL_S)
     print("READY " + json.dumps({"peer_id": identity.peer_id}), flush=True)
     squatted: set[bytes] = set()
     while True:
-        found = transport.get_records(protocol.announce_key(swarm, victim)).get(victim)
+        found = transport.records.get(dht_rules.announce_key(swarm, victim)).get(victim)
         if found is not None:
             theirs, _ = codec.decode_message(found, swarm_id=swarm, expected_peer_id=victim)
             if theirs.payload_sha256 not in squatted:
@@ -60,8 +60,8 @@ def main() -> None:
                     payload_len=theirs.payload_len, n_groups=theirs.n_groups, timestamp=time.time(), seq=seq,
                 )  # fmt: skip
                 record = codec.encode_message(identity, swarm, ours)
-                key_ = protocol.announce_key(swarm, identity.peer_id)
-                if transport.put_record(key_, identity.peer_id, record, TTL_S):
+                key_ = dht_rules.announce_key(swarm, identity.peer_id)
+                if transport.records.put(key_, identity.peer_id, record, TTL_S):
                     squatted.add(theirs.payload_sha256)
                     print("SQUATTED " + json.dumps({"digest": theirs.payload_sha256.hex()}), flush=True)
         time.sleep(POLL_S)

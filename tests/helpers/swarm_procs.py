@@ -1,7 +1,8 @@
-"""Starting real `swarmnode join` processes on 127.0.0.1 for integration tests.
+"""Test-only process helpers: the hostile peer's process, process groups, free ports, liveness.
 
-Each node is a subprocess of the test (its own hivemind DHT and p2pd); the helpers end only the
-processes they started, by PID, and every wait is bounded.
+Starting real ``swarmnode`` nodes is ``swarmnode.experiment.processes`` (the benchmarks drive nodes with
+it too); what is here only tests use. Helpers end only the processes they started, by PID or by the
+process group they created, and every wait is bounded.
 """
 
 from __future__ import annotations
@@ -9,157 +10,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-HELPERS = Path(__file__).resolve().parent
-JOIN_HINT = "swarmnode join --peers "
+from swarmnode.experiment.processes import REPO, LineReader, node_env
 
-
-class LineReader:
-    """Collects a child's output lines in a thread; ``wait_for_line`` waits (bounded) for one."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[str] = []
-        self._queue: queue.Queue = queue.Queue()
-        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
-
-    def _pump(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line.rstrip("\n"))
-            self._queue.put(line)
-
-    def wait_for_line(
-        self, match: Callable[[str], bool], timeout_s: float, describe: Callable[[], str]
-    ) -> str:
-        deadline = time.monotonic() + timeout_s
-        for line in list(self.lines):
-            if match(line):
-                return line
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                break
-            if match(line):
-                return line
-        raise AssertionError(f"no matching line within {timeout_s}s: {describe()}")
-
-
-@dataclass
-class NodeProc:
-    run_dir: Path
-    proc: subprocess.Popen
-    reader: LineReader
-
-    @property
-    def lines(self) -> list[str]:
-        return self.reader.lines
-
-    def wait_for_line(self, needle: str, timeout_s: float) -> str:
-        return self.reader.wait_for_line(
-            lambda line: needle in line,
-            timeout_s,
-            lambda: f"node {self.run_dir}, {needle!r}:\n{self.output()}",
-        )
-
-    def address(self, starting: str = "", timeout_s: float = 90.0) -> str:
-        """The address of the first join hint whose address starts with ``starting`` (e.g. a host's
-        "/ip4/10.0.0.2/tcp/31337/p2p/"); the hint goes on with --config / --set after it."""
-        return self.wait_for_line(JOIN_HINT + starting, timeout_s).split(JOIN_HINT, 1)[1].split()[0]
-
-    def output(self) -> str:
-        return "\n".join(self.lines[-60:])
-
-    def metrics(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def status(self) -> dict:
-        return json.loads((self.run_dir / "status.json").read_text())
-
-    def wait(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"node {self.run_dir} still running after {timeout_s}s:\n{self.output()}"
-            ) from None
-
-    def wait_for_round(self, round_: int, timeout_s: float = 240.0) -> None:
-        """Until metrics.jsonl has round ``round_`` (the node must stay up meanwhile)."""
-        deadline = time.monotonic() + timeout_s
-        while not any(r["round"] >= round_ for r in self.metrics()):
-            assert self.proc.poll() is None, self.output()
-            assert time.monotonic() < deadline, f"no round {round_} in {timeout_s}s:\n{self.output()}"
-            time.sleep(1.0)
-
-    def interrupt(self, timeout_s: float = 90.0) -> int:
-        """SIGINT, then wait for the exit code (130 for a clean stop: the node finished or abandoned its
-        round, checkpointed and put its offline card)."""
-        os.kill(self.proc.pid, signal.SIGINT)
-        return self.wait(timeout_s)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        """End this node (SIGINT first, so it shuts its DHT and daemon down cleanly)."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def start_node(
-    run_dir: Path, *args: str, peers: list[str] = (), command: str = "join", prefix: Sequence[str] = ()
-) -> NodeProc:
-    """``swarmnode <command> --run-dir run_dir *args`` (``join`` or ``solo``), stderr collected.
-
-    ``prefix`` wraps the command, e.g. ``netns.Host.exec_args()`` to run the node in a network namespace.
-    """
-    cmd = [*prefix, sys.executable, "-m", "swarmnode.cli", command, "--run-dir", str(run_dir), *args]
-    for peer in peers:
-        cmd += ["--peers", peer]
-    return _spawn(cmd, run_dir)
-
-
-def start_bootstrap(work_dir: Path, *args: str, prefix: Sequence[str] = ()) -> NodeProc:
-    """``swarmnode bootstrap *args`` with its key in ``work_dir`` and metrics on a free port."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [*prefix, sys.executable, "-m", "swarmnode.cli", "bootstrap", "--identity",
-           str(work_dir / "bootstrap.key"), "--set", "bootstrap.metrics_port=0", *args]  # fmt: skip
-    return _spawn(cmd, work_dir)
-
-
-def _spawn(cmd: list[str], run_dir: Path) -> NodeProc:
-    # One torch thread per node: several nodes share 2 cores, and spinning OpenMP threads starve each other.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    return NodeProc(run_dir, proc, LineReader(proc.stderr))
-
-
-HOSTILE_SCRIPT = Path(__file__).resolve().parent / "hostile_peer.py"
+HELPERS = Path(__file__).resolve().parent  # the scripts tests run as processes (hostile peers, attackers)
+HOSTILE_SCRIPT = HELPERS / "hostile_peer.py"
 
 
 @dataclass
@@ -223,7 +85,6 @@ class HostileProc:
 def start_hostile(attack: str, work_dir: Path, swarm_id: str, honest_addr: str) -> HostileProc:
     work_dir.mkdir(parents=True, exist_ok=True)
     log_path = work_dir / f"{attack}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, str(HOSTILE_SCRIPT), attack, str(work_dir), swarm_id, honest_addr],
@@ -232,56 +93,10 @@ def start_hostile(attack: str, work_dir: Path, swarm_id: str, honest_addr: str) 
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
-            env=env,
+            env=node_env(),
             start_new_session=True,  # its own process group, so cleanup can reach its DHT process and p2pd
         )
     return HostileProc(attack, proc, log_path, LineReader(proc.stdout))
-
-
-def stop_all(nodes: list[NodeProc], timeout_s: float = 30.0) -> None:
-    """SIGINT every node still running (they shut down in parallel), then SIGKILL the stragglers."""
-    for node in nodes:
-        if node.proc.poll() is None:
-            try:
-                os.kill(node.proc.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + timeout_s
-    for node in nodes:
-        try:
-            node.proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        except Exception:
-            node.kill()  # SIGKILL by PID; its DHT process and p2pd exit when they see it gone
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSON-lines file up to the first torn line (a killed writer); [] if missing."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
-
-
-def wait_all(nodes: list[NodeProc], limit: float) -> bool:
-    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running."""
-    for node in nodes:
-        try:
-            node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            return True
-    return False
-
-
-def record_exit(info: dict, nodes: list[NodeProc], t0: float) -> None:
-    """Exit codes, wall time since the monotonic ``t0`` and the load, into a run's ``info``."""
-    info["exit_codes"] = [node.proc.returncode for node in nodes]
-    info["wall_s"] = round(time.monotonic() - t0, 1)
-    info["load_after"] = os.getloadavg()
 
 
 def end_group(proc: subprocess.Popen) -> None:
@@ -291,3 +106,21 @@ def end_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=10)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago (the kernel's pick for port 0).
+
+    Another process may take it before the caller binds it; tests use it for a process they start at
+    once, or as an address where nothing answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child not yet reaped still has a pid)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False

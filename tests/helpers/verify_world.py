@@ -15,7 +15,7 @@ from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.verify import ALL_REASONS, Verifier
-from swarmnode.swarm.wire import codec, convert, protocol
+from swarmnode.swarm.wire import codec, convert, limits, protocol
 from swarmnode.tasks import Question, TaskBank
 from tests.helpers import oracles
 
@@ -122,7 +122,7 @@ class Peer:
             swarm_id=SWARM,
             round=batch.round,
             policy_version=batch.policy_version,
-            payload_sha256=protocol.payload_digest(data),
+            payload_sha256=limits.payload_digest(data),
             payload_len=len(data),
             n_groups=len(batch.groups),
             timestamp=self.signed_at(),

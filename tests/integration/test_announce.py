@@ -10,10 +10,11 @@ import time
 
 import pytest
 
+from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange import announcer
 from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.swarm.net import hello
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, dht_rules
 from tests.helpers.inprocess_swarm import make_swarm
 
 SWARM = "it-announce"
@@ -40,29 +41,24 @@ def pair(tmp_path):
             node.shutdown()
 
 
-def _wait_for(condition, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.2)
-
-
 def test_the_card_is_redeclared_on_its_own_timer_and_withdrawn_at_shutdown(pair):
     a, b = pair
     peer = a.identity.peer_id
-    _wait_for(lambda: peer in b._live_peers())
-    first = b.roster[peer]
+    assert wait_until(lambda: peer in b.service.refresh_roster(), 20.0, 0.2)
+    first = b.roster.cards[peer]
     a.announcer.set_progress(7, 3)  # what the round loop does; no exchange runs in this test
-    _wait_for(lambda: peer in b._live_peers() and b.roster[peer].round == 7)
-    latest = b.roster[peer]
+    assert wait_until(
+        lambda: peer in b.service.refresh_roster() and b.roster.cards[peer].round == 7, 20.0, 0.2
+    )
+    latest = b.roster.cards[peer]
     assert latest.seq > first.seq and latest.timestamp > first.timestamp and latest.policy_version == 3
     # a counts a card once its put returns, which can be after b has already read it
-    _wait_for(lambda: a.announcer.announced >= 2)
+    assert wait_until(lambda: a.announcer.announced >= 2, 20.0, 0.2)
 
     t_stop = time.monotonic()
     a.shutdown()  # a clean stop: the offline card first, then the network
     assert time.monotonic() - t_stop < 15.0
-    assert peer not in b._live_peers() and peer not in b.roster
+    assert peer not in b.service.refresh_roster() and peer not in b.roster.cards
 
 
 def test_an_exchange_in_progress_stops_waiting_for_a_node_that_went_offline(pair):
@@ -73,10 +69,9 @@ def test_an_exchange_in_progress_stops_waiting_for_a_node_that_went_offline(pair
     b.cfg = b.cfg.model_copy(update={"swarm": longer})
 
     def a_is_live() -> bool:
-        with b.lock:
-            return peer in b.service.live
+        return peer in b.roster.live
 
-    _wait_for(a_is_live)
+    assert wait_until(a_is_live, 20.0, 0.2)
     took: list[float] = []
 
     def exchange() -> None:
@@ -98,15 +93,15 @@ def test_an_old_offline_card_replayed_does_not_knock_a_live_node_out(pair):
     stale = codec.encode_message(a.identity, SWARM, a.announcer.card(offline=True))  # never stored by a
     signed_at = time.time()
     # online cards follow it for longer than the DHT's clock tolerance
-    time.sleep(protocol.RECORD_CLOCK_TOLERANCE_S + 2 * PERIOD_S)
-    _wait_for(lambda: peer in b._live_peers())
+    time.sleep(dht_rules.RECORD_CLOCK_TOLERANCE_S + 2 * PERIOD_S)
+    assert wait_until(lambda: peer in b.service.refresh_roster(), 20.0, 0.2)
     # the replay, with the latest expiration storing nodes allow for its timestamp
-    lifetime = signed_at + protocol.MAX_RECORD_TTL_S + protocol.RECORD_CLOCK_TOLERANCE_S - 0.5 - time.time()
-    key = protocol.roster_key(SWARM, peer)
-    b.transport.put_record(key, peer, stale, lifetime)
+    lifetime = signed_at + dht_rules.MAX_RECORD_TTL_S + dht_rules.RECORD_CLOCK_TOLERANCE_S - 0.5 - time.time()
+    key = dht_rules.roster_key(SWARM, peer)
+    b.transport.records.put(key, peer, stale, lifetime)
     for _ in range(3):
-        assert peer in b._live_peers(), b.counters.roster_refused
-        card = codec.decode_message(b.transport.get_records(key)[peer], swarm_id=SWARM)[0]
+        assert peer in b.service.refresh_roster(), b.roster.refused
+        card = codec.decode_message(b.transport.records.get(key)[peer], swarm_id=SWARM)[0]
         assert not card.offline  # storing nodes kept a's newer online card
         time.sleep(PERIOD_S)
 
@@ -137,7 +132,7 @@ def test_a_node_joined_through_another_swarm_is_told_its_peers_swarm_id(pair, tm
 
     try:
         lost.start()
-        _wait_for(told, 30.0)
+        assert wait_until(told, 30.0, 0.2)
     finally:
         lost.shutdown()
     line = next(line for line in "".join(said).splitlines() if "this node is in swarm" in line)

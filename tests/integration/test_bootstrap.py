@@ -18,10 +18,12 @@ from pathlib import Path
 
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
+from swarmnode.experiment.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.verify import roster_extra
 from swarmnode.swarm.net.transport import Transport
-from tests.helpers.swarm_procs import HELPERS, REPO, start_bootstrap, start_node
+from swarmnode.swarm.wire import dht_rules
+from tests.helpers.swarm_procs import alive, free_port
 
 PUBLIC_DEMO = "node_configs/public-demo.yaml"
 # the public-demo config itself, made fast: the tiny model and its easy tasks, short rounds
@@ -36,12 +38,6 @@ FAST = [
     "--set", "swarm.wait_for_peers_s=90",
     "--set", "run.cpu_threads=1",
 ]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _identity(path: Path) -> str:
@@ -72,13 +68,6 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _metric(text: str, name: str, missing: float | None = None) -> float:
     """The gauge's value; ``missing`` where it is not exported yet (None: that is an error)."""
     values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
@@ -88,7 +77,7 @@ def _metric(text: str, name: str, missing: float | None = None) -> float:
 
 
 def test_public_demo_config_joins_through_a_stand_in_bootstrap(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = []
     try:
         boot = start_bootstrap(tmp_path / "boot", "--port", str(port), "--set", "bootstrap.report_every_s=1")
@@ -133,9 +122,9 @@ def test_public_demo_config_joins_through_a_stand_in_bootstrap(tmp_path):
         assert boot.wait(timeout_s=30) == 0, boot.output()
         assert any("stopping the bootstrap node" in line for line in boot.lines)
         deadline = time.monotonic() + 15
-        while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+        while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not [pid for pid in children if _alive(pid)], "the DHT process outlived the bootstrap"
+        assert not [pid for pid in children if alive(pid)], "the DHT process outlived the bootstrap"
 
         again = start_bootstrap(tmp_path / "boot", "--port", str(port))  # same key file, same port
         procs.append(again)
@@ -152,7 +141,7 @@ def test_join_without_any_bootstrap_in_the_public_config_says_what_to_pass(tmp_p
 
 
 def test_no_bootstrap_answering_names_every_address_tried(tmp_path):
-    silent = [f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{_identity(tmp_path / f'{i}.key')}" for i in range(2)]
+    silent = [f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{_identity(tmp_path / f'{i}.key')}" for i in range(2)]
     node = start_node(tmp_path / "a", "--config", PUBLIC_DEMO, *FAST, peers=silent)
     assert node.wait(timeout_s=120) == 2, node.output()
     error = next(line for line in node.lines if line.startswith("error:"))
@@ -174,7 +163,7 @@ def test_port_taken_is_reported_before_the_daemon_starts(tmp_path):
 
 def test_a_second_bootstrap_on_the_same_port_is_refused(tmp_path):
     """p2pd binds with SO_REUSEPORT: without our check the second daemon would share the port silently."""
-    port = _free_port()
+    port = free_port()
     first = start_bootstrap(tmp_path / "one", "--port", str(port))
     try:
         first.wait_for_line("bootstrap node up", 60)
@@ -219,7 +208,7 @@ def _start_with_clock_offset(tmp_path: Path, seconds: int, initial_peer: str) ->
     offset_file = tmp_path / f"offset{seconds}"
     offset_file.write_text(str(seconds))
     done = subprocess.run(
-        [sys.executable, str(HELPERS / "_clock_jump.py"), str(offset_file),
+        [sys.executable, str(CLOCK_JUMP), str(offset_file),
          sys.executable, "-m", "swarmnode.cli", "join", "--config", "node_configs/tiny.yaml",
          "--run-dir", str(tmp_path / f"clock{seconds}"), "--rounds", "0", "--set", "run.metrics_port=null",
          "--peers", initial_peer],
@@ -267,13 +256,13 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
                 extra=roster_extra(bank.fingerprint),
             )  # fmt: skip
             record = codec.encode_message(ids[name], swarm_id, card)
-            stored = writer.put_record(
-                protocol.roster_key("ours", ids[name].peer_id), ids[name].peer_id, record, 60
+            stored = writer.records.put(
+                dht_rules.roster_key("ours", ids[name].peer_id), ids[name].peer_id, record, 60
             )
             # a card of another swarm names another key: the storing nodes' validators refuse it
             assert stored == (swarm_id == "ours")
-        assert node._live_peers() == {ids["honest"].peer_id}
-        assert node._live_peers() == {ids["honest"].peer_id}  # asked again: no new lines
+        assert node.service.refresh_roster() == {ids["honest"].peer_id}
+        assert node.service.refresh_roster() == {ids["honest"].peer_id}  # asked again: no new lines
     finally:
         writer.shutdown()
         node.shutdown()

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.helpers.swarm_procs import REPO, LineReader
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from swarmnode.experiment.processes import REPO, LineReader, node_env
+from tests.helpers.swarm_procs import alive, free_port
 
 
 def _descendants(pid: int) -> list[int]:
@@ -34,21 +28,13 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _start_in_own_group(tmp_path: Path) -> tuple[subprocess.Popen, LineReader]:
     cmd = [sys.executable, "-m", "swarmnode.cli", "bootstrap", "--identity", str(tmp_path / "boot.key"),
-           "--port", str(_free_port()), "--set", "bootstrap.metrics_port=null"]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+           "--port", str(free_port()), "--set", "bootstrap.metrics_port=null"]  # fmt: skip
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
-        env=env,
+        env=node_env(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -75,6 +61,6 @@ def test_ctrl_c_stops_a_bootstrap_quietly_with_status_130_and_leaves_no_process(
     assert "[ERROR]" not in output and "closed network connection" not in output, output
     assert "Traceback" not in output and "[WARN]" not in output, output
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [pid for pid in children if _alive(pid)], "the DHT process or p2pd outlived the bootstrap"
+    assert not [pid for pid in children if alive(pid)], "the DHT process or p2pd outlived the bootstrap"

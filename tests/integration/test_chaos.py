@@ -18,10 +18,10 @@ import time
 import pytest
 
 from swarmnode import checkpoint
+from swarmnode.experiment.chaos import SLACK_S, run_chaos
+from swarmnode.experiment.processes import NodeProc, start_bootstrap, start_node
 from tests.helpers import netns
-from tests.helpers.chaos import SLACK_S, run_chaos
 from tests.helpers.checkpoints import save, trained
-from tests.helpers.swarm_procs import NodeProc, start_bootstrap, start_node
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 

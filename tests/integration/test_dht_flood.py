@@ -9,7 +9,6 @@ process may grow by at most FLOOD_RSS_BOUND_MIB, and the bootstrap still answers
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,18 +17,13 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group, start_bootstrap
+from swarmnode.experiment.processes import REPO, LineReader, start_bootstrap
+from tests.helpers.swarm_procs import HELPERS, end_group, free_port
 
 MIB = 1024 * 1024
 MAX_STORED_RECORDS = 4096  # swarm.dht_guard's bound (not imported: the test also runs on older code)
 FLOOD_RSS_BOUND_MIB = 64  # 4096 x 8 KiB of values, twice over for hivemind's bookkeeping
 FLOOD_TIMEOUT_S = 400.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _dht_process(pid: int) -> psutil.Process:
@@ -45,7 +39,7 @@ def _dht_process(pid: int) -> psutil.Process:
 
 @pytest.mark.slow  # ~50 s, 12 000 signed cards; the storage bounds are unit-tested (test_dht_guard)
 def test_a_store_flood_leaves_the_bootstrap_dht_memory_under_its_bound(tmp_path):
-    port = _free_port()
+    port = free_port()
     boot = start_bootstrap(tmp_path / "boot", "--port", str(port))
     attacker = None
     try:

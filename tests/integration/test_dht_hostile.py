@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
+from swarmnode.experiment.processes import REPO, LineReader
+from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange.swarm import Swarm
 from tests.helpers.inprocess_swarm import make_swarm
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
+from tests.helpers.swarm_procs import HELPERS, end_group
 from tests.helpers.verify_world import Peer
 
 SWARM = "dht-hostile"
@@ -75,24 +76,17 @@ def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
         victim.announcer.announce()
         victim.publish(1, 0, groups)
 
-        assert reader._live_peers() == {victim.identity.peer_id}
-        assert set(reader.roster) == {victim.identity.peer_id}  # no Sybil card, dated 2100 or not
+        assert reader.service.refresh_roster() == {victim.identity.peer_id}
+        assert set(reader.roster.cards) == {victim.identity.peer_id}  # no Sybil card, dated 2100 or not
         # the reader's background service pulls it (notice or poll) without an exchange running
-        accepted = lambda: reader.counters.groups_accepted == len(groups)  # noqa: E731
-        _wait(accepted, 20, f"not pulled: {reader.status(1, 0)}")
+        accepted = lambda: reader.state.counters.groups_accepted == len(groups)  # noqa: E731
+        assert wait_until(accepted, 20, 0.5), f"not pulled: {reader.status(1, 0)}"
         assert stored.get("pin", 0) == 0 and stored.get("sybil", 0) == 0, stored  # no honest node took them
     finally:
         if attacker is not None:
             end_group(attacker)
         for node in reversed(nodes):
             node.shutdown()
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
 
 
 def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp_path):
@@ -117,21 +111,23 @@ def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp
         sybil = sybil["peer_id"]
         # the squatter enters the reader's roster first, so its announcement is pulled first: the order in
         # which keying pulled payloads by digest alone hid the victim's batch for good
-        _wait(lambda: sybil in reader._live_peers(), 60, "the squatter never reached the roster")
-        victim.start()
-        _wait(
-            lambda: victim.identity.peer_id in reader._live_peers(), 60, "the victim never reached the roster"
+        assert wait_until(lambda: sybil in reader.service.refresh_roster(), 60, 0.5), (
+            "the squatter never reached the roster"
         )
-        assert list(reader.roster) == [sybil, victim.identity.peer_id]
+        victim.start()
+        assert wait_until(lambda: victim.identity.peer_id in reader.service.refresh_roster(), 60, 0.5), (
+            "the victim never reached the roster"
+        )
+        assert list(reader.roster.cards) == [sybil, victim.identity.peer_id]
 
         groups = Peer(victim.identity, victim.verifier.bank).groups(2)
         victim.publish(1, 0, groups)
         out.wait_for_line(lambda s: s.startswith("SQUATTED "), ATTACK_TIMEOUT_S, describe)
-        accepted = lambda: reader.counters.groups_accepted == len(groups)  # noqa: E731
-        _wait(accepted, 20, f"not pulled: {reader.status(1, 0)}")
+        accepted = lambda: reader.state.counters.groups_accepted == len(groups)  # noqa: E731
+        assert wait_until(accepted, 20, 0.5), f"not pulled: {reader.status(1, 0)}"
         # The victim's notice usually brings its batch before the squatter's copy of the announcement is
         # read; a squatted announcement pulled before that answers "not found" and is charged.
-        squatted_pulls = reader.counters.fetch_failures["not_found"]
+        squatted_pulls = reader.state.counters.fetch_failures["not_found"]
         assert squatted_pulls <= 1, reader.status(1, 0)
         assert (reader.book.reputation(sybil) < 0) == (squatted_pulls == 1)  # half a strike each
     finally:

@@ -14,15 +14,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import NodeConfig, SwarmConfig
+from swarmnode.config import SwarmConfig
+from swarmnode.experiment.processes import read_jsonl
+from swarmnode.experiment.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, protocol
-from swarmnode.tasks import TaskBank
-from tests.helpers.swarm_procs import read_jsonl
+from swarmnode.swarm.wire import codec, dht_rules, framing, limits
+from tests.helpers.inprocess_swarm import make_swarm
 from tests.helpers.verify_world import Peer
 
 SWARM = "it-exchange-service"
@@ -32,38 +33,16 @@ SILENT_HOLD_S = 60.0  # the silent peer keeps a pull's stream open this long wit
 
 
 def _node(tmp_path, name: str, initial_peers: list[str]) -> Swarm:
-    identity = Identity.generate()
-    key = tmp_path / f"{name}.key"
-    identity.save(key)
-    cfg = NodeConfig.model_validate(
-        {
-            "swarm": {"swarm_id": SWARM, "initial_peers": initial_peers, "share_deadline_s": DEADLINE_S},
-            "tasks": {"mix": {"basic_arithmetic": {}}, "seed": 1},
-        }
-    )
-    run_dir = tmp_path / name
-    run_dir.mkdir()
-    policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
-    bank = TaskBank(cfg.tasks, default_seed=0)
-    node = Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
-    node.sender = Peer(identity, bank)  # makes real scored groups as this node
+    node = make_swarm(tmp_path, name, initial_peers, SWARM, share_deadline_s=DEADLINE_S)
+    node.sender = Peer(node.identity, node.verifier.bank)  # makes real scored groups as this node
     return node
 
 
 async def _never_answer(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A payload handler that reads the pull request and then holds the stream open, silent."""
-    await reader.readexactly(protocol.PULL_REQUEST_BYTES)
+    await reader.readexactly(framing.PULL_REQUEST_BYTES)
     with contextlib.suppress(asyncio.CancelledError):  # the transport's shutdown ends it
         await asyncio.sleep(SILENT_HOLD_S)
-
-
-def _wait(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +57,14 @@ def swarm(tmp_path_factory):
             addrs = nodes["a"].start()
             for name in ("s", "b", "c"):
                 nodes[name] = _node(tmp_path, name, addrs[:1])
-            nodes["s"].transport._handle_stream = _never_answer  # before start: served from start
+            # before start: served from start
+            nodes["s"].transport.serve(framing.PAYLOAD_STREAM, _never_answer)
             for name in ("s", "b", "c"):
                 nodes[name].start()
             ids = {name: node.identity.peer_id for name, node in nodes.items()}
             for name, node in nodes.items():
                 others = {pid for other, pid in ids.items() if other != name}
-                assert _wait(lambda node=node, others=others: node._live_peers() >= others, 60), name
+                assert wait_until(lambda n=node, o=others: n.service.refresh_roster() >= o, 60, 0.1), name
             time.sleep(2.5)  # every exchange service has read the full roster too
             yield SimpleNamespace(ids=ids, **nodes)
         finally:
@@ -113,7 +93,8 @@ def test_a_silent_peer_does_not_hold_up_the_other_peers_batches(swarm):
         events = read_jsonl(a.run_dir / "share.jsonl")
         return {e["peer"]: e for e in events if e["event"] == "batch" and "error" not in e}
 
-    _wait(lambda: set(published) <= set(arrivals()), 5.0)  # bounded: the old exchange never pulls them
+    # bounded: the old exchange never pulls them
+    wait_until(lambda: set(published) <= set(arrivals()), 5.0, 0.1)
     got = arrivals()
     for peer, at in published.items():
         assert peer in got, f"{peer[-6:]}'s batch never reached a: {read_jsonl(a.run_dir / 'share.jsonl')}"
@@ -129,12 +110,12 @@ def test_a_batch_comes_from_a_holder_when_its_author_refuses_us(swarm):
     signature."""
     a, b, c = swarm.a, swarm.b, swarm.c
     b_id, c_id = swarm.ids["b"], swarm.ids["c"]
-    before = a.counters.batches_received
-    b.transport.set_peer_filter(lambda peer: peer != c_id)
+    before = a.state.counters.batches_received
+    b.transport.payloads.set_peer_filter(lambda peer: peer != c_id)
     try:
         b.publish(2, 0, b.sender.groups())
-        assert _wait(lambda: a.counters.batches_received > before, 10)
-        record = a.transport.get_records(protocol.announce_key(SWARM, b_id))[b_id]
+        assert wait_until(lambda: a.state.counters.batches_received > before, 10, 0.1)
+        record = a.transport.records.get(dht_rules.announce_key(SWARM, b_id))[b_id]
         digest = codec.decode_message(record, swarm_id=SWARM)[0].payload_sha256
         notices.notify_one(a.transport, c_id, b_id, record)
 
@@ -142,9 +123,9 @@ def test_a_batch_comes_from_a_holder_when_its_author_refuses_us(swarm):
             events = read_jsonl(c.run_dir / "share.jsonl")
             return [e for e in events if e["event"] == "batch" and e["peer"] == b_id and e["round"] == 2]
 
-        assert _wait(lambda: any("error" not in e for e in from_holder()), 15), from_holder()
+        assert wait_until(lambda: any("error" not in e for e in from_holder()), 15, 0.1), from_holder()
     finally:
-        b.transport.set_peer_filter(lambda peer: not b.book.is_banned(peer))
+        b.transport.payloads.set_peer_filter(lambda peer: not b.book.is_banned(peer))
     served = [e for e in from_holder() if "error" not in e]
     assert served[0]["holder"] == swarm.ids["a"] and served[0]["groups"] > 0
     assert any(e["holder"] == b_id and e["error"] == "closed" for e in from_holder())  # b refused first
@@ -187,7 +168,7 @@ def test_notice_bounds_against_a_real_sender(tmp_path):
 
     receiver = notices.NoticeReceiver(take, allow=lambda peer: True)
     r = Transport(keys["r"], SwarmConfig())
-    r.stream_handlers[notices.NOTICE_STREAM] = receiver.handle
+    r.serve(notices.NOTICE_STREAM, receiver.handle)
     x = None
     try:
         addrs = r.start()
@@ -199,7 +180,7 @@ def test_notice_bounds_against_a_real_sender(tmp_path):
         _send_raw(x, r.peer_id, [])  # opens and says nothing
         # the largest notice: an announcement and a card of the largest record size each
         frame = notices.encode_notice(
-            x.peer_id, b"r" * protocol.MAX_RECORD_BYTES, b"c" * protocol.MAX_RECORD_BYTES
+            x.peer_id, b"r" * limits.MAX_RECORD_BYTES, b"c" * limits.MAX_RECORD_BYTES
         )
         for _ in range(notices.NOTICE_BURST + 4):
             _send_raw(x, r.peer_id, [frame])
@@ -209,7 +190,7 @@ def test_notice_bounds_against_a_real_sender(tmp_path):
         assert counts["queue_full"] >= 1 and counts["rate_limited"] >= 4, counts
         assert sum(counts.values()) == 3 + notices.NOTICE_BURST + 4
         digest = b"\x07" * 32
-        r.offer(digest, b"still serving")
+        r.payloads.offer(digest, b"still serving")
         assert x.fetch(r.peer_id, digest, timeout_s=5) == b"still serving"
     finally:
         if x is not None:

@@ -20,15 +20,15 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from swarmnode.experiment.processes import read_jsonl, start_node
 from swarmnode.swarm.exchange.verify import ALL_REASONS
 from swarmnode.swarm.net.transport import FETCH_FAILURE_REASONS
 from tests.helpers.hostile_peer import FLOOD_GROUPS, HOSTILE_INDEX_BASE
-from tests.helpers.swarm_procs import start_hostile, start_node
+from tests.helpers.swarm_procs import start_hostile
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
@@ -110,10 +110,6 @@ def _args(swarm_id: str, min_peers: int, rounds: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _task_index(line: dict) -> int:
     return json.loads(line["task"])[3]
 
@@ -143,7 +139,7 @@ def attacked(tmp_path_factory):
             honest=honest,
             status=honest.status(),
             metrics=honest.metrics(),
-            trained=_read_jsonl(honest.run_dir / "peer_groups.jsonl"),
+            trained=read_jsonl(honest.run_dir / "peer_groups.jsonl"),
             reports=reports,
             peers={attack: report["peer_id"] for attack, report in reports.items()},
             hostiles=hostiles,

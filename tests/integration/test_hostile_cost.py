@@ -18,9 +18,10 @@ import uuid
 
 import pytest
 
+from swarmnode.experiment.processes import start_node
 from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, SCORE_BUDGET_WALL_S
-from swarmnode.swarm.wire import protocol
-from tests.helpers.swarm_procs import start_hostile, start_node
+from swarmnode.swarm.wire import limits
+from tests.helpers.swarm_procs import start_hostile
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a fetch may still be finishing when the budget runs out
@@ -57,7 +58,7 @@ def test_a_4_mib_batch_of_worst_case_answers_costs_at_most_the_budget(tmp_path):
 
     [step] = [s for s in report["steps"] if s["name"] == "costly"]
     assert step["served"] == 1, report  # the honest node pulled all of it
-    assert 3.5 * 2**20 < step["bytes"] <= protocol.MAX_FRAME_BYTES
+    assert 3.5 * 2**20 < step["bytes"] <= limits.MAX_FRAME_BYTES
 
     status = honest.status()
     assert status["rejected"] == {"over_budget": 1}, status

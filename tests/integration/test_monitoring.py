@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -26,7 +25,8 @@ import pytest
 import yaml
 
 from swarmnode.config import load_config
-from tests.helpers.swarm_procs import start_node
+from swarmnode.experiment.processes import start_node
+from tests.helpers.swarm_procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MONITORING = REPO / "monitoring"
@@ -295,7 +295,7 @@ def test_alert_windows_match_their_summaries():
 def test_native_prometheus_logs_no_error_for_the_shipped_config(tmp_path):
     """Prometheus run natively with monitoring/prometheus.yml, as the README says: no "Error adding file
     watch" (or any other error) for paths that exist only inside the compose containers."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "prometheus.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -319,12 +319,6 @@ def test_native_prometheus_logs_no_error_for_the_shipped_config(tmp_path):
 # ---------------------------------------------------------------- a real Prometheus scraping real nodes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Prometheus:
     def __init__(self, work: Path, target_files: list[Path]):
         targets = work / "targets"
@@ -340,7 +334,7 @@ class Prometheus:
         job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
         self.config_path = work / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = work / "prometheus.log"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

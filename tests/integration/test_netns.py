@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from swarmnode.experiment.processes import start_bootstrap, start_node
 from tests.helpers import netns
-from tests.helpers.swarm_procs import start_bootstrap, start_node
 
 REASON = netns.unavailable_reason(nft=True)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
+from swarmnode.experiment.processes import read_jsonl, start_bootstrap, start_node
 from tests.helpers import netns
-from tests.helpers.swarm_procs import read_jsonl, start_bootstrap, start_node
 
 REASON = netns.unavailable_reason(nft=True)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

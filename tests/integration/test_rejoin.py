@@ -9,16 +9,16 @@ its own. A fourth node joins through a with the wrong swarm id and is told so.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 
+from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node
 from swarmnode.identity import Identity
 from swarmnode.run_folder import KNOWN_PEERS_FILE, KnownPeers, load_known_peers, save_known_peers
 from swarmnode.swarm.exchange.announcer import LONELY_AFTER_S
 from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, SHARE_TRACE_FILE
-from tests.helpers.swarm_procs import NodeProc, read_jsonl, start_node
+from tests.helpers.swarm_procs import free_port
 
 SWARM = "it-rejoin"
 DEADLINE_S = 30.0  # a node that waited for the stopped one would take all of it
@@ -105,9 +105,7 @@ def test_the_first_node_restarted_with_the_same_command_rejoins_and_its_clean_st
 
 
 def test_a_restart_whose_saved_peers_are_all_gone_starts_anyway_and_says_so(tmp_path, nodes):
-    with socket.socket() as sock:  # a port nothing listens on once closed
-        sock.bind(("127.0.0.1", 0))
-        gone = f"/ip4/127.0.0.1/tcp/{sock.getsockname()[1]}/p2p/{Identity.generate().peer_id}"
+    gone = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{Identity.generate().peer_id}"  # nothing listens there
     run_dir = tmp_path / "a"
     run_dir.mkdir()
     save_known_peers(run_dir, KnownPeers(None, (gone,)))

@@ -11,10 +11,11 @@ import sys
 import time
 
 from swarmnode.config import SwarmConfig
-from swarmnode.errors import TransportError
+from swarmnode.errors import PeerError
+from swarmnode.experiment.processes import REPO, LineReader
 from swarmnode.identity import Identity
 from swarmnode.swarm.net.transport import Transport
-from tests.helpers.swarm_procs import HELPERS, REPO, LineReader, end_group
+from tests.helpers.swarm_procs import HELPERS, end_group
 
 PULLS = 10
 HOG_START_S = 180.0
@@ -33,7 +34,7 @@ def _pulls(puller: Transport, server: Transport, digest: bytes) -> tuple[int, li
         try:
             puller.fetch(server.peer_id, digest, timeout_s=5)
             ok += 1
-        except TransportError as exc:
+        except PeerError as exc:
             errors.append(exc.reason)
     return ok, errors
 
@@ -51,10 +52,11 @@ def test_sybils_holding_idle_streams_do_not_starve_honest_pulls(tmp_path):
         newcomer = _transport(tmp_path, "newcomer", SwarmConfig(initial_peers=addrs))
         nodes.append(newcomer)
         newcomer.start()
-        server.set_peer_standing(lambda peer: peer == known.peer_id)  # the swarm: groups accepted, no strikes
+        # the swarm: groups accepted, no strikes
+        server.payloads.set_peer_standing(lambda peer: peer == known.peer_id)
         data = os.urandom(200_000)
         digest = hashlib.sha256(data).digest()
-        server.offer(digest, data)
+        server.payloads.offer(digest, data)
 
         hog = subprocess.Popen(
             [sys.executable, str(HELPERS / "slot_hog.py"), addrs[0], str(tmp_path / "sybils")],

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.helpers.soak import check, run_soak
+from swarmnode.experiment.soak import check, run_soak
 
 
 def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.swarm_procs import start_node
+from swarmnode.experiment.processes import start_node
 
 DEADLINE_S = 8.0
 SLACK_S = 2.0  # one DHT poll may still be in flight when the deadline passes

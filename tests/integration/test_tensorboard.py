@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmnode.experiment.processes import node_env
 from swarmnode.tensorboard import TENSORBOARD_DIR, TensorBoardLog, scalars
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ TINY = REPO / "node_configs" / "tiny.yaml"
 KEY_SCALARS = ("reward_mean", "task_score_mean", "format_rate", "train_loss", "train_kl",
                "seconds_sample", "seconds_train", "groups_kept", "groups_total",
                "reward_by_task/propositional_logic")  # fmt: skip
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+ENV = node_env()
 
 
 def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -17,7 +17,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,19 +27,21 @@ from types import SimpleNamespace
 import pytest
 
 from swarmnode.config import SwarmConfig
-from swarmnode.errors import TransportError
+from swarmnode.errors import PeerError, TransportError
 from swarmnode.identity import Identity
+from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, protocol
-from swarmnode.swarm.wire.protocol import MAX_RECORD_BYTES, PAYLOAD_STREAM
-from tests.helpers.swarm_procs import HELPERS
+from swarmnode.swarm.wire import codec, dht_rules, protocol
+from swarmnode.swarm.wire.framing import PAYLOAD_STREAM
+from swarmnode.swarm.wire.limits import MAX_RECORD_BYTES
+from tests.helpers.swarm_procs import HELPERS, free_port
 
 HUGE_DIGEST = b"\xee" * 32
 SLOW_DIGEST = b"\x51" * 32  # must match _serve_slowly.py
-STALL_DIGEST = b"\x57" * 32  # HostileTransport reads the request and never answers
+STALL_DIGEST = b"\x57" * 32  # the hostile server reads the request and never answers
 
 
-class HostileTransport(Transport):
+class HostilePayloads(PayloadServer):
     """Answers HUGE_DIGEST with a header claiming 4 GiB (then a little data), STALL_DIGEST with silence;
     normal otherwise."""
 
@@ -83,7 +84,7 @@ def swarm(tmp_path_factory):
         b_start_s = time.monotonic() - started
 
         c_path, c_id = _identity(directory, "c")
-        c = HostileTransport(c_path, joined, payload_capacity=2)
+        c = Transport(c_path, joined, payloads=HostilePayloads(payload_capacity=2))
         nodes.append(c)
         c_addrs = c.start()
         yield SimpleNamespace(
@@ -124,10 +125,7 @@ def test_start_returns_multiaddrs_with_our_ed25519_peer_id(swarm):
 
 
 def test_initial_peer_that_does_not_answer_names_the_address(tmp_path):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dead = f"/ip4/127.0.0.1/tcp/{port}/p2p/{Identity.generate().peer_id}"
+    dead = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{Identity.generate().peer_id}"  # nothing listens there
     path, _ = _identity(tmp_path, "lonely")
     transport = Transport(path, SwarmConfig(initial_peers=[dead]))
     started = time.monotonic()
@@ -176,32 +174,32 @@ def _card(identity: Identity, pad: int = 0) -> tuple[str, bytes]:
         peer_id=identity.peer_id, swarm_id="test", model_name="m", tokenizer_fingerprint="", policy_version=0,
         round=0, addrs=(), timestamp=time.time(), seq=1, extra={"pad": "x" * pad} if pad else {},
     )  # fmt: skip
-    return protocol.roster_key("test", identity.peer_id), codec.encode_message(identity, "test", card)
+    return dht_rules.roster_key("test", identity.peer_id), codec.encode_message(identity, "test", card)
 
 
 def test_records_from_two_peers_are_visible_to_a_third(swarm):
     (key_a, card_a), (key_b, card_b) = _card(swarm.a_id), _card(swarm.b_id)
-    assert swarm.a.put_record(key_a, swarm.a.peer_id, card_a, ttl_s=60)
-    assert swarm.b.put_record(key_b, swarm.b.peer_id, card_b, ttl_s=60)
-    got = _poll(lambda: swarm.c.get_many_records([key_a, key_b]), lambda r: len(r) == 2)
+    assert swarm.a.records.put(key_a, swarm.a.peer_id, card_a, ttl_s=60)
+    assert swarm.b.records.put(key_b, swarm.b.peer_id, card_b, ttl_s=60)
+    got = _poll(lambda: swarm.c.records.get_many([key_a, key_b]), lambda r: len(r) == 2)
     assert got[key_a] == {swarm.a.peer_id: card_a} and got[key_b] == {swarm.b.peer_id: card_b}
-    assert swarm.b.get_records("swarmnode/test/never-written", timeout_s=3) == {}
+    assert swarm.b.records.get("swarmnode/test/never-written", timeout_s=3) == {}
     # unsigned bytes are refused where they would be stored (the validator: PROTOCOL.md section 8)
-    assert not swarm.a.put_record("swarmnode/test/records", swarm.a.peer_id, b"from a", ttl_s=60)
+    assert not swarm.a.records.put("swarmnode/test/records", swarm.a.peer_id, b"from a", ttl_s=60)
 
 
 def test_oversize_record_is_refused_and_the_dht_keeps_working(swarm):
     key = "swarmnode/test/oversize"
     for size in (MAX_RECORD_BYTES + 1, 100_000):  # 100 KB would kill hivemind's DHT worker
         with pytest.raises(TransportError) as info:
-            swarm.a.put_record(key, swarm.a.peer_id, b"x" * size, ttl_s=60)
+            swarm.a.records.put(key, swarm.a.peer_id, b"x" * size, ttl_s=60)
         assert info.value.reason == "oversize"
     pad = MAX_RECORD_BYTES - len(_card(swarm.a_id, pad=1000)[1]) + 1000  # a card of exactly the limit
     key, card = _card(swarm.a_id, pad=pad)
     assert len(card) == MAX_RECORD_BYTES
-    assert swarm.a.put_record(key, swarm.a.peer_id, card, ttl_s=60)
+    assert swarm.a.records.put(key, swarm.a.peer_id, card, ttl_s=60)
     expected = {swarm.a.peer_id: card}
-    assert _poll(lambda: swarm.b.get_records(key), lambda r: r == expected) == expected
+    assert _poll(lambda: swarm.b.records.get(key), lambda r: r == expected) == expected
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,20 +210,20 @@ def test_oversize_record_is_refused_and_the_dht_keeps_working(swarm):
 def test_fetch_one_mib_byte_exact(swarm, record_property):
     data = os.urandom(1024 * 1024)
     digest = hashlib.sha256(data).digest()
-    swarm.a.offer(digest, data)
+    swarm.a.payloads.offer(digest, data)
     started = time.monotonic()
     got = swarm.b.fetch(swarm.a.peer_id, digest)
     elapsed = time.monotonic() - started
     assert got == data
     record_property("fetch_1mib_s", round(elapsed, 4))
     # between two nodes that joined through A (no bootstrap link between them)
-    swarm.b.offer(digest, data)
+    swarm.b.payloads.offer(digest, data)
     assert swarm.c.fetch(swarm.b.peer_id, digest) == data
     assert swarm.b.stats["fetch_ok"] >= 1 and swarm.a.stats["served"] >= 1
 
 
 def test_unknown_digest_is_not_found(swarm):
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         swarm.b.fetch(swarm.a.peer_id, b"\x00" * 32, timeout_s=5)
     assert info.value.reason == "not_found"
     assert swarm.b.stats["fetch_failed_not_found"] >= 1
@@ -234,9 +232,9 @@ def test_unknown_digest_is_not_found(swarm):
 def test_payload_over_max_bytes_is_refused_before_its_body(swarm):
     data = os.urandom(4 * 1024 * 1024)
     digest = hashlib.sha256(data).digest()
-    swarm.a.offer(digest, data)
+    swarm.a.payloads.offer(digest, data)
     started = time.monotonic()
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         swarm.b.fetch(swarm.a.peer_id, digest, max_bytes=1024, timeout_s=10)
     assert info.value.reason == "oversize"
     assert time.monotonic() - started < 1.0  # did not pull 4 MiB first
@@ -245,7 +243,7 @@ def test_payload_over_max_bytes_is_refused_before_its_body(swarm):
 
 def test_header_claiming_4_gib_is_rejected(swarm):
     started = time.monotonic()
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         swarm.b.fetch(swarm.c.peer_id, HUGE_DIGEST, timeout_s=10)
     assert info.value.reason == "oversize" and "4294967295" in str(info.value)
     assert time.monotonic() - started < 2.0  # no waiting for a body that never comes
@@ -256,8 +254,8 @@ def test_offer_keeps_only_the_newest_payloads(swarm):
     blobs = [bytes([i]) * 1000 for i in range(3)]
     digests = [hashlib.sha256(b).digest() for b in blobs]
     for digest, blob in zip(digests, blobs, strict=True):
-        c.offer(digest, blob)
-    with pytest.raises(TransportError) as info:
+        c.payloads.offer(digest, blob)
+    with pytest.raises(PeerError) as info:
         swarm.a.fetch(c.peer_id, digests[0], timeout_s=5)
     assert info.value.reason == "not_found"
     assert swarm.a.fetch(c.peer_id, digests[2], timeout_s=5) == blobs[2]
@@ -269,10 +267,10 @@ def test_a_timed_out_pull_closes_the_connection_and_the_next_pull_dials_afresh(s
     b, c = swarm.b, swarm.c
     data = os.urandom(1000)
     digest = hashlib.sha256(data).digest()
-    c.offer(digest, data)
+    c.payloads.offer(digest, data)
     assert b.fetch(c.peer_id, digest, timeout_s=5) == data and c.peer_id in b.connected_peers()
     before = b.stats["disconnected_after_timeout"]
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         b.fetch(c.peer_id, STALL_DIGEST, timeout_s=1.5)
     assert info.value.reason == "timeout"
     assert b.stats["disconnected_after_timeout"] == before + 1
@@ -315,7 +313,7 @@ def test_garbage_and_early_closes_do_not_break_the_server(swarm):
     a, b = swarm.a, swarm.b
     data = os.urandom(256 * 1024)
     digest = hashlib.sha256(data).digest()
-    a.offer(digest, data)
+    a.payloads.offer(digest, data)
     before = dict(a.stats)
     answers = _raw_streams(b, a.peer_id, [b"garbage", None, b"\x00"])  # short requests, then EOF
     assert answers == [b"", b"", b""]
@@ -349,13 +347,13 @@ def test_per_peer_stream_cap(swarm):
     a, b = swarm.a, swarm.b
     data = b"z" * 1000
     digest = hashlib.sha256(data).digest()
-    a.offer(digest, data)
+    a.payloads.offer(digest, data)
     refused_before = a.stats["refused"]
 
     async def scenario() -> tuple[bytes, float]:
         held = []
         try:
-            for _ in range(a.max_streams_per_peer):
+            for _ in range(a.payloads.max_streams_per_peer):
                 _, reader, writer = await b._p2p.call_binary_stream_handler(
                     PeerID.from_base58(a.peer_id), PAYLOAD_STREAM
                 )
@@ -389,7 +387,7 @@ def test_per_peer_stream_cap(swarm):
 def _try_fetch(t: Transport, peer: str, digest: bytes) -> bytes | None:
     try:
         return t.fetch(peer, digest, timeout_s=3)
-    except TransportError:
+    except PeerError:
         return None
 
 
@@ -397,33 +395,33 @@ def test_banned_peer_gets_a_closed_stream_and_cannot_be_fetched_from(swarm):
     a, b = swarm.a, swarm.b
     data = b"q" * 5000
     digest = hashlib.sha256(data).digest()
-    a.offer(digest, data)
+    a.payloads.offer(digest, data)
     refused = a.stats["refused"]
-    a.set_peer_filter(lambda peer: peer != b.peer_id)
+    a.payloads.set_peer_filter(lambda peer: peer != b.peer_id)
     try:
-        with pytest.raises(TransportError) as info:
+        with pytest.raises(PeerError) as info:
             b.fetch(a.peer_id, digest, timeout_s=5)
         assert info.value.reason == "closed"
         assert a.stats["refused"] == refused + 1
         assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
     finally:
-        a.set_peer_filter(lambda peer: True)
-    b.set_peer_filter(lambda peer: peer != a.peer_id)  # the filter guards our own pulls too
+        a.payloads.set_peer_filter(lambda peer: True)
+    b.payloads.set_peer_filter(lambda peer: peer != a.peer_id)  # the filter guards our own pulls too
     try:
-        with pytest.raises(TransportError) as info:
+        with pytest.raises(PeerError) as info:
             b.fetch(a.peer_id, digest)
         assert info.value.reason == "banned"
     finally:
-        b.set_peer_filter(lambda peer: True)
+        b.payloads.set_peer_filter(lambda peer: True)
     assert b.fetch(a.peer_id, digest, timeout_s=5) == data
 
 
 def test_fetch_from_unknown_or_invalid_peer_fails_cleanly(swarm):
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         swarm.b.fetch("not-a-peer-id", b"\x00" * 32)
     assert info.value.reason == "bad_peer"
     started = time.monotonic()
-    with pytest.raises(TransportError) as info:
+    with pytest.raises(PeerError) as info:
         swarm.b.fetch(Identity.generate().peer_id, b"\x00" * 32, timeout_s=3)
     assert info.value.reason in ("unreachable", "timeout")
     assert time.monotonic() - started < 6
@@ -490,7 +488,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
         assert not pulling.done()
         os.kill(proc.pid, signal.SIGKILL)  # the node process itself, by its pid
         killed = time.monotonic()
-        with pytest.raises(TransportError) as info:
+        with pytest.raises(PeerError) as info:
             pulling.result(timeout=25.0)
         assert info.value.reason == "closed"  # the daemon ends the stream when the handler's process dies
         assert time.monotonic() - killed < 5.0
@@ -499,7 +497,7 @@ def test_peer_killed_mid_transfer(swarm, tmp_path):
         # the fetching node is unharmed
         data = os.urandom(64 * 1024)
         digest = hashlib.sha256(data).digest()
-        swarm.a.offer(digest, data)
+        swarm.a.payloads.offer(digest, data)
         assert swarm.b.fetch(swarm.a.peer_id, digest, timeout_s=5) == data
 
         # the killed node's DHT process and p2pd notice and exit instead of lingering with its peer id

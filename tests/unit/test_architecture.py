@@ -5,7 +5,7 @@
     tasks  tasks                                                 (reasoning-gym: questions and rewards)
     learn/ the learner (torch)          swarm/ the network (hivemind, lazily)   -- neither imports the other;
                                                                                   learn/ not tasks either
-    core   policy, sampler/, checkpoint, runlog, metrics, rounds, node, evaluate, status, bootstrap
+    core   policy, sampler/, checkpoint, runlog, metrics, rounds, node, join, evaluate, status, bootstrap
     cli    cli
 
 Every import counts, at module level or inside a function (a lazy upward import is still upward), except
@@ -24,7 +24,10 @@ PACKAGE = Path(swarmnode.__file__).resolve().parent
 BASE = {"config", "errors", "common", "rollouts", "prompts", "identity", "__init__"}
 HEAVY = {"torch", "hivemind", "transformers", "reasoning_gym", "vllm", "peft", "safetensors"}
 LAYERS = {"base": 0, "tasks": 1, "learn": 2, "swarm": 2, "core": 3, "cli": 4}
+SWARM_LAYERS = {"wire": 0, "net": 1, "exchange": 2}  # inside swarm/
 MAX_MODULE_LINES = 550  # "about 500": a module a newcomer reads in one sitting
+MAX_SWARM_MODULE_LINES = 450  # swarm/ is split by concept: a module past this is two concepts
+README = PACKAGE.parent / "README.md"
 
 
 def layer_of(module: str) -> str:
@@ -37,23 +40,11 @@ def layer_of(module: str) -> str:
     return "core"
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
-
-
 def imports_of(path: Path) -> set[str]:
     """Absolute names imported anywhere in the file (``swarmnode.x.y`` or a top-level third-party name)."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_lines(tree)
     out: set[str] = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -105,7 +96,15 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
                 found.append(f"{module} ({here}) imports {name} ({there})")
             elif here == "learn" and there == "tasks":
                 found.append(f"{module} (learn) imports {name} (tasks)")
+            elif here == there == "swarm" and _swarm_rank(name) > _swarm_rank(module):
+                found.append(f"{module} imports {name}: swarm's sub-layers are wire < net < exchange")
     return found
+
+
+def _swarm_rank(module: str) -> int:
+    """``swarm.net.transport`` -> 1; ``swarm`` itself (its ``__init__``) is below every sub-layer."""
+    parts = module.split(".")
+    return SWARM_LAYERS[parts[1]] if len(parts) > 1 else -1
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -138,20 +137,24 @@ def test_no_import_goes_up_a_layer():
 def test_the_checker_sees_an_upward_import():
     graph = package_graph()
     graph["learn.trainer"] = graph["learn.trainer"] | {"swarm.exchange"}
-    graph["swarm.verify"] = graph["swarm.verify"] | {"learn.grpo"}
+    graph["swarm.exchange.verify"] = graph["swarm.exchange.verify"] | {"learn.grpo"}
     graph["learn.grpo"] = graph["learn.grpo"] | {"tasks"}
     graph["config"] = graph["config"] | {"torch", "node"}
+    graph["swarm.wire.codec"] = graph["swarm.wire.codec"] | {"swarm.net.transport"}
+    graph["swarm.net.notices"] = graph["swarm.net.notices"] | {"swarm.exchange.pool", "swarm.wire.limits"}
     assert violations(graph) == [
         "config (base) imports node (core)",
         "config (base) imports torch",
         "learn.grpo (learn) imports tasks (tasks)",
         "learn.trainer (learn) imports swarm.exchange (swarm)",
-        "swarm.verify (swarm) imports learn.grpo (learn)",
+        "swarm.exchange.verify (swarm) imports learn.grpo (learn)",
+        "swarm.net.notices imports swarm.exchange.pool: swarm's sub-layers are wire < net < exchange",
+        "swarm.wire.codec imports swarm.net.transport: swarm's sub-layers are wire < net < exchange",
     ]
 
 
 def test_the_layers_are_what_the_docstring_says():
-    assert layer_of("learn.batch") == "learn" and layer_of("swarm.transport") == "swarm"
+    assert layer_of("learn.batch") == "learn" and layer_of("swarm.net.transport") == "swarm"
     assert layer_of("prompts") == "base" and layer_of("sampler.hf") == "core" and layer_of("cli") == "cli"
 
 
@@ -161,9 +164,65 @@ def test_no_import_circle():
 
 
 def test_no_module_is_longer_than_one_sitting():
-    long = {
-        str(path.relative_to(PACKAGE)): n
-        for path in PACKAGE.rglob("*.py")
-        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    }
+    long = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = str(path.relative_to(PACKAGE))
+        cap = MAX_SWARM_MODULE_LINES if name.startswith("swarm/") else MAX_MODULE_LINES
+        if (n := len(path.read_text().splitlines())) > cap:
+            long[name] = n
     assert long == {}
+
+
+def test_a_circle_hidden_under_type_checking_is_seen(tmp_path):
+    """The import circles of the past hid under ``if TYPE_CHECKING:``; imports_of reads them too."""
+    lines = ["from typing import TYPE_CHECKING", "if TYPE_CHECKING:", "    from swarmnode import swarm"]
+    (tmp_path / "m.py").write_text("\n".join(lines) + "\n")
+    assert "swarmnode.swarm" in imports_of(tmp_path / "m.py")
+
+
+def readme_modules(readme: str) -> set[str]:
+    """Module paths (``learn/heap.py``) named by the README's layout tree: an entry is a line whose first
+    word ends in ``.py`` or ``/``, placed under the nearest less indented folder entry (lines whose first
+    word is neither, such as "base:" or "core", only group their children)."""
+    block = readme.split("\n```\nswarmnode/\n", 1)[1].split("\n```", 1)[0]
+    found, folders = set(), []  # folders: (indent, name) of the open folder entries
+    for line in block.splitlines():
+        stripped = line.lstrip()
+        word = stripped.split(" ", 1)[0] if stripped else ""
+        indent = len(line) - len(stripped)
+        if not indent:
+            break  # protocol/, monitoring/...: past the package
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if not (word.endswith(".py") or word.endswith("/")):
+            continue
+        path = "".join(name for _, name in folders) + word
+        if word.endswith("/"):
+            folders.append((indent, word))
+        else:
+            found.add(path)
+    return found
+
+
+def test_the_readme_layout_tree_names_every_module():
+    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    assert modules - readme_modules(README.read_text()) == set()
+
+
+def test_the_readme_tree_reader_places_each_module_in_its_folder():
+    lines = [
+        "  a.py   one",
+        "  sub/   two",
+        "    b.py  three",
+        "           wrapped",
+        "  core",
+        "    c.py  four",
+    ]
+    tree = "x\n```\nswarmnode/\n" + "\n".join(lines) + "\nprotocol/  spec\n```\n"
+    assert readme_modules(tree) == {"a.py", "sub/b.py", "c.py"}
+
+
+def test_no_part_of_the_data_plane_knows_the_facade():
+    """The exchange's stages are handed what they use; only the node's core builds a Swarm."""
+    users = {m for m, names in package_graph().items() if "swarm.exchange.swarm" in names}
+    assert users and not any(m.startswith("swarm.") for m in users), users

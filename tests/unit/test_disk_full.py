@@ -46,6 +46,7 @@ def test_status_and_peer_groups_writes_skip_on_a_full_disk(full_disk, capsys):
     from swarmnode.config import NodeConfig
     from swarmnode.identity import Identity
     from swarmnode.swarm.exchange import records
+    from swarmnode.swarm.exchange.status import SwarmStatus, write_status
     from swarmnode.tasks import TaskBank
     from tests.helpers.verify_world import Peer
 
@@ -53,7 +54,7 @@ def test_status_and_peer_groups_writes_skip_on_a_full_disk(full_disk, capsys):
     groups = Peer(Identity.generate(), TaskBank(cfg.tasks, default_seed=0)).groups(2)
     failures = WriteFailures()
     for round_ in (1, 2):
-        records.write_status(full_disk, {"round": round_, "pad": "x" * 8192}, failures)
+        write_status(full_disk, SwarmStatus(round=round_, model="x" * 8192), failures)
         records.append_peer_groups(full_disk, round_, groups, failures)
     assert failures.count == 4
     assert capsys.readouterr().err.count("cannot write") == 2  # once per file

@@ -3,6 +3,7 @@ server answers while an idle client holds a connection open."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -12,20 +13,17 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from swarmnode.metrics import HEALTH_DHT_STALE_S, HEALTH_MIN_ROUND_AGE_S, MetricsServer, NodeCollector
+from swarmnode.swarm.exchange.status import DHTHealth, PeerStatus, SwarmStatus
+from tests.helpers.round_records import a_round_record
 
 
-def _swarm_status(now: float, **dht) -> dict:
-    return {
-        "peers": {"12D3KooWpeer": {"banned": False}},
-        "connected": 1,
-        "dht": {"alive": True, "last_read_ok": now, "last_write_ok": now, "read_failed": 0,
-                "store_failed": 0, **dht},
-        "arrival_s": {"buckets": {}, "sum": 0.0, "count": 0},
-        "rollouts": dict.fromkeys(("groups_published", "groups_accepted", "groups_trained",
-                                   "batches_published", "batches_received"), 0),
-        "rejected": {},
-        "fetch_failures": {},
-    }  # fmt: skip
+def _swarm_status(now: float, **dht) -> SwarmStatus:
+    peer = PeerStatus(model="tiny", tokenizer="", policy_version=0, round=0, seen_s_ago=1.0, banned=False)
+    return SwarmStatus(
+        peers={"12D3KooWpeer": peer},
+        connected=1,
+        dht=DHTHealth(**{"alive": True, "last_read_ok": now, "last_write_ok": now, **dht}),
+    )
 
 
 def _samples(server: MetricsServer) -> dict[str, float]:
@@ -53,13 +51,13 @@ def test_each_failed_check_makes_the_node_degraded_with_its_reason():
         health = collector.health()
         assert health["status"] == "degraded" and reason in " ".join(health["reasons"]), (reason, health)
     lonely = NodeCollector({})
-    lonely.swarm = {**_swarm_status(now), "peers": {}}
+    lonely.swarm = dataclasses.replace(_swarm_status(now), peers={})
     assert "no peer" in " ".join(lonely.health()["reasons"])
 
 
 def test_no_round_for_much_longer_than_the_last_one_took_is_degraded():
     collector = NodeCollector({})
-    collector.record = {"round": 3, "seconds_total": 10.0}
+    collector.record = a_round_record(round=3, seconds_total=10.0)
     assert collector.health()["status"] == "ok"
     collector.round_time = time.time() - HEALTH_MIN_ROUND_AGE_S - 1
     assert "no round for" in collector.health()["reasons"][0]

@@ -130,3 +130,33 @@ print(inside, freed_of_pinned_2mib_blocks(), heap._fixed_threshold)
     assert after < 20 * 2**20 and threshold_after == heap.MMAP_THRESHOLD_BYTES, runs
     low_inside, low_after, low_threshold_after = runs[64 * 1024]
     assert low_inside > 100 * 2**20 and low_after > 100 * 2**20 and low_threshold_after == 64 * 1024, runs
+
+
+def test_sampling_reuses_its_blocks_instead_of_faulting_them_in_every_step():
+    """A decode step allocates and frees the same blocks (logits, activations) each step. Under the node's
+    4 MiB threshold a 12 MiB block is a fresh mapping every time, paid in page faults (0.8x vLLM's and
+    0.6x ``generate``'s tokens/s); inside ``sampling_heap`` it is reused from the heap, and afterwards the
+    threshold the node fixed is back. In a fresh process: mallopt is process-wide."""
+    script = """
+import resource, torch
+from swarmnode.learn import heap
+heap.return_large_blocks_on_free()  # what the node fixes at start
+def faults_of_steps():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        logits = torch.empty(3 * 2**20)  # 12 MiB, as SmolLM2's [64, 49152] fp32 logits
+        logits.fill_(1.0)
+        small = torch.ones(1000)  # a live block after it, as in a real step
+        del logits, small
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+outside = faults_of_steps()
+with heap.sampling_heap():
+    faults_of_steps()  # the first step grows the heap once
+    inside = faults_of_steps()
+print(outside, inside, heap._fixed_threshold == heap.MMAP_THRESHOLD_BYTES)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    outside, inside, restored = out.stdout.split()
+    assert int(outside) > 20 * 2000, out.stdout  # ~3,000 4 KiB pages a step, every step
+    assert int(inside) < int(outside) / 10, out.stdout
+    assert restored == "True"

@@ -11,7 +11,7 @@ import pytest
 
 from swarmnode.config import SwarmConfig
 from swarmnode.identity import Identity
-from swarmnode.node import KnownPeersWriter, join_command, rejoin_network
+from swarmnode.join import KnownPeersWriter, join_command, rejoin_network
 from swarmnode.run_folder import (
     KNOWN_PEERS_FILE,
     MAX_KNOWN_PEERS,
@@ -20,16 +20,11 @@ from swarmnode.run_folder import (
     load_known_peers,
     save_known_peers,
 )
+from tests.helpers.swarm_procs import free_port
 
 
 def _addr(i: int, port: int = 40000) -> str:
     return f"/ip4/127.0.0.1/tcp/{port + i}/p2p/{Identity.from_seed(bytes([i]) * 32).peer_id}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_known_peers_round_trip_and_keep_at_most_the_cap(tmp_path):
@@ -84,7 +79,7 @@ def test_unusable_addresses_in_the_file_are_dropped(tmp_path):
 
 
 def test_a_restart_reuses_a_free_previous_port_and_dials_the_saved_peers():
-    port = _free_port()
+    port = free_port()
     swarm, dial_saved = rejoin_network(SwarmConfig(), KnownPeers(port, (_addr(1),)))
     assert swarm.host_maddrs == [f"/ip4/127.0.0.1/tcp/{port}"]
     assert swarm.initial_peers == [_addr(1)] and dial_saved
@@ -108,7 +103,7 @@ def test_a_taken_previous_port_gives_way_to_a_new_one(capsys):
 
 
 def test_explicit_peers_and_ports_win_over_the_saved_ones():
-    port = _free_port()
+    port = free_port()
     given = SwarmConfig(initial_peers=[_addr(9)], host_maddrs=["/ip4/127.0.0.1/tcp/31999"])
     swarm, dial_saved = rejoin_network(given, KnownPeers(port, (_addr(1),)))
     assert swarm.initial_peers == [_addr(9)] and swarm.host_maddrs == ["/ip4/127.0.0.1/tcp/31999"]

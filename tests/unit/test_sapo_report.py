@@ -12,8 +12,7 @@ import math
 import pytest
 from scipy.stats import t as student_t
 
-from tests.helpers.paired_stats import Interval
-from tests.helpers.sapo_report import (
+from swarmnode.experiment.sapo_report import (
     BEGIN,
     END,
     ROUND_FIELDS,
@@ -26,6 +25,7 @@ from tests.helpers.sapo_report import (
     verdict,
     write_report,
 )
+from swarmnode.experiment.stats import Interval
 
 SILO = {  # seed -> per node, reward per round (cumulative per node: .3 .6 | .4 .4 | .6 .4)
     0: [[0.1, 0.2], [0.3, 0.3]],

@@ -24,9 +24,9 @@ from typing import Any
 
 from swarmnode.common import log
 from swarmnode.identity import Identity
-from swarmnode.swarm.net import hello
+from swarmnode.swarm.net import dht, hello
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, dht_rules, limits, protocol
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ ANNOUNCES_PER_TTL = 4  # re-declarations per record lifetime: a card stays live 
 # Every card is stored for the longest lifetime storing nodes allow (signed timestamp + this): for one
 # subkey the DHT keeps the value that expires last, so no older card (an offline one, replayed) can then
 # outlive a newer one. Readers judge liveness by the card's timestamp (``ttl_s``), not by its expiry.
-RECORD_LIFETIME_S = protocol.MAX_RECORD_TTL_S
+RECORD_LIFETIME_S = dht_rules.MAX_RECORD_TTL_S
 OFFLINE_PUT_WAIT_S = 3.0  # the most a clean shutdown waits for its offline card to be stored
 WATCH_PERIOD_S = 5.0  # the thread wakes at least this often (to stop, and for the wrong-swarm check)
 LONELY_AFTER_S = 30.0  # connected, but no card of our swarm this long: the swarm id is probably wrong
@@ -78,7 +78,7 @@ class Announcer:
         self._lonely_since: float | None = None
         self._lonely_said = False
         self.hello = hello.HelloServer(swarm_id)  # answers peers asking which swarm this node is in
-        transport.stream_handlers[hello.HELLO_STREAM] = self.hello.handle
+        transport.serve(hello.HELLO_STREAM, self.hello.handle)
 
     def set_progress(self, round_: int, policy_version: int) -> None:
         """The round and policy version the next card carries (cheap: called by the round loop)."""
@@ -88,7 +88,7 @@ class Announcer:
     def card(self, *, offline: bool = False) -> protocol.RosterCard:
         with self._lock:
             round_, policy_version = self._progress
-            self._seq = protocol.next_seq(self._seq)
+            self._seq = limits.next_seq(self._seq)
             seq = self._seq
         return protocol.RosterCard(
             peer_id=self.identity.peer_id,
@@ -97,7 +97,7 @@ class Announcer:
             tokenizer_fingerprint=self.tokenizer_fingerprint,
             policy_version=policy_version,
             round=round_,
-            addrs=self.addrs[: protocol.MAX_ADDRS],
+            addrs=self.addrs[: limits.MAX_ADDRS],
             timestamp=time.time(),
             seq=seq,
             offline=offline,
@@ -110,9 +110,8 @@ class Announcer:
         record = codec.encode_message(self.identity, self.swarm_id, self.card(offline=offline))
         if not offline:
             self.card_record = record
-        key = protocol.roster_key(self.swarm_id, self.identity.peer_id)
-        stored = self.transport.put_record(
-            key, self.identity.peer_id, record, RECORD_LIFETIME_S, timeout_s=timeout_s
+        stored = dht.put_card(
+            self.transport.records, self.swarm_id, self.identity.peer_id, record, RECORD_LIFETIME_S, timeout_s
         )
         if stored and not offline:
             self.announced += 1

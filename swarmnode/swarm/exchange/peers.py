@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from swarmnode.swarm.wire.protocol import MAX_FRAME_BYTES, ProtocolError
+from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
 
 log = logging.getLogger(__name__)
 

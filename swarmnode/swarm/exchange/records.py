@@ -1,7 +1,6 @@
-"""What a swarm node writes down about its exchanges: counters, arrival times, and three run-dir files.
+"""What a swarm node writes down about its exchanges: counters, arrival times, round counts, two run-dir
+files (``status.json`` is ``exchange.status``).
 
-- ``status.json`` (``write_status``): replaced atomically each round, read by ``swarmnode status`` and
-  handed to the metrics collector.
 - ``peer_groups.jsonl`` (``append_peer_groups``), the audit trail: every peer group chosen for training
   is one JSON line: our ``round``, the ``producer`` peer id (the verified signer), its
   ``producer_round``, ``policy_version`` and ``model``, the ``task`` (``TaskRef.key()``), the number of
@@ -22,24 +21,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from swarmnode.common import WriteFailures, atomic_write
+from swarmnode.common import WriteFailures
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.exchange.pool import texts_digest
-
-if TYPE_CHECKING:
-    from swarmnode.swarm.exchange.swarm import Swarm
-    from swarmnode.swarm.net.transport import Transport
 
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"
 PEER_GROUPS_FILE = "peer_groups.jsonl"
-STATUS_FILE = "status.json"
 ARRIVAL_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
@@ -69,7 +61,6 @@ class SwarmCounters:
     groups_trained: int = 0
     duplicate_groups: int = 0
     fetch_failures: Counter = field(default_factory=Counter)
-    roster_refused: Counter = field(default_factory=Counter)  # roster cards not taken, by reason
     arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
 
 
@@ -158,76 +149,3 @@ class RoundCounts:
             dict(+(Counter(now.rejected) - Counter(last.rejected))),
             dict(+(Counter(now.fetch_failures) - Counter(last.fetch_failures))),
         )
-
-
-def status(swarm: Swarm, round_: int, policy_version: int) -> dict:
-    """The node's swarm status: identity, peers, rollout counters, arrival times, rejections, bans."""
-    now = time.time()
-    counters = swarm.counters
-    return {
-        "peer_id": swarm.identity.peer_id,
-        "swarm_id": swarm.swarm_id,
-        "addrs": swarm.addrs,
-        "round": round_,
-        "policy_version": policy_version,
-        "model": swarm.policy.name,
-        "tokenizer": swarm.policy.tokenizer_fingerprint,
-        "connected": swarm.transport.connected_peer_count(),
-        "dht": dht_health(swarm.transport),
-        "disk_write_failures": swarm.write_failures.count,
-        "updated": now,
-        "peers": {
-            peer: {
-                "model": card.model_name,
-                "tokenizer": card.tokenizer_fingerprint,
-                "policy_version": card.policy_version,
-                "round": card.round,
-                "seen_s_ago": round(now - card.timestamp, 1),
-                "banned": swarm.book.is_banned(peer),
-            }
-            for peer, card in sorted(swarm.roster.items())
-        },
-        "rollouts": {
-            "batches_published": counters.batches_published,
-            "groups_published": counters.groups_published,
-            "batches_received": counters.batches_received,
-            "groups_accepted": counters.groups_accepted,
-            "groups_trained": counters.groups_trained,
-            "duplicate_groups": counters.duplicate_groups,
-            "groups_pooled": len(swarm.pool),
-        },
-        "arrival_s": {
-            "buckets": dict(zip(map(str, ARRIVAL_BUCKETS_S), counters.arrival.counts, strict=True)),
-            "sum": counters.arrival.total,
-            "count": counters.arrival.n,
-        },
-        "rejected": dict(sorted(swarm.verifier.rejections.items())),
-        "fetch_failures": dict(counters.fetch_failures),
-        "roster_refused": dict(counters.roster_refused),
-        "notices": swarm.service.notices.snapshot(),  # received and refused, by outcome
-        "pulls_by_source": dict(swarm.service.pulls_by_source),  # batches found by notice / poll / holder
-        "bans": [
-            {"peer": peer, "remaining_s": round(remaining, 1), "count": count, "reason": reason}
-            for peer, remaining, count, reason in swarm.book.bans()
-        ],
-    }
-
-
-def dht_health(transport: Transport) -> dict:
-    """What ``/health`` checks of the DHT: ``alive`` (its process runs), ``last_read_ok`` / ``last_write_ok``
-    (time.time() of the last successful get / store, 0: never), ``read_failed`` / ``store_failed``."""
-    return {
-        "alive": transport.dht_alive(),
-        "last_read_ok": transport.last_read_ok,
-        "last_write_ok": transport.last_write_ok,
-        "read_failed": transport.stats["dht_read_failed"],
-        "store_failed": transport.stats["dht_store_failed"],
-    }
-
-
-def write_status(run_dir: Path, status: dict, failures: WriteFailures | None = None) -> None:
-    """``<run_dir>/status.json``, replaced atomically, read by ``swarmnode status``. With ``failures``, an
-    OSError (a full disk) is counted there and said once instead of raised."""
-    path = run_dir / STATUS_FILE
-    with failures.guard(path) if failures is not None else contextlib.nullcontext():
-        atomic_write(path, json.dumps(status, indent=1))

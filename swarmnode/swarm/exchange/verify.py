@@ -61,7 +61,8 @@ from swarmnode.rollouts import RolloutGroup, TaskRef
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.wire.codec import check_payload, decode_message
 from swarmnode.swarm.wire.convert import batch_provenance, completion_from_wire, task_from_wire
-from swarmnode.swarm.wire.protocol import (
+from swarmnode.swarm.wire.dht_rules import announce_ttl_s
+from swarmnode.swarm.wire.limits import (
     BATCH_ANNOUNCEMENT,
     MAX_COMPLETION_TEXT_BYTES,
     MAX_COMPLETION_TOKENS,
@@ -69,16 +70,11 @@ from swarmnode.swarm.wire.protocol import (
     MAX_GROUPS_PER_BATCH,
     REJECT_REASONS,
     ROLLOUT_BATCH,
-    BatchAnnouncement,
     ProtocolError,
-    RolloutBatch,
-    RosterCard,
-    WireGroup,
-    WireTask,
-    announce_ttl_s,
     check_fresh,
     payload_digest,
 )
+from swarmnode.swarm.wire.protocol import BatchAnnouncement, RolloutBatch, RosterCard, WireGroup, WireTask
 from swarmnode.tasks import AUDITED_DATASETS, CODE_EVAL_SCORERS, TaskBank
 
 log = logging.getLogger(__name__)
@@ -194,7 +190,7 @@ class Verifier:
         limits: ReceiveLimits | None = None,
     ) -> None:
         """``clock`` is wall-clock unix time (message timestamps); ``max_age_s`` is how old an
-        announcement or batch may be on arrival: ``protocol.announce_ttl_s(round period)``; ``limits``
+        announcement or batch may be on arrival: ``dht_rules.announce_ttl_s(round period)``; ``limits``
         what this node takes and spends per batch (default: wire maxima, default budget).
 
         Raises ConfigError if the bank's mix has a dataset whose scorer evaluates answer text as code

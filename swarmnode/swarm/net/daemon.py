@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm.wire.protocol import MAX_RECORD_BYTES, RECORD_CLOCK_TOLERANCE_S
+from swarmnode.swarm.wire.dht_rules import RECORD_CLOCK_TOLERANCE_S
+from swarmnode.swarm.wire.limits import MAX_RECORD_BYTES
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a DHT starts, not on import
     import hivemind

@@ -27,8 +27,7 @@ from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils.timed_storage import get_dht_time
 
-from swarmnode.swarm.wire.dht_rules import check_record
-from swarmnode.swarm.wire.protocol import MAX_SUBKEYS_PER_KEY
+from swarmnode.swarm.wire.dht_rules import MAX_SUBKEYS_PER_KEY, check_record
 
 logger = logging.getLogger(__name__)
 

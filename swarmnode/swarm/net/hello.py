@@ -19,7 +19,7 @@ import time
 from collections import deque
 from typing import Any
 
-from swarmnode.swarm.wire.protocol import MAX_SWARM_ID_BYTES, ProtocolError, validate_swarm_id
+from swarmnode.swarm.wire.limits import MAX_SWARM_ID_BYTES, ProtocolError, validate_swarm_id
 
 HELLO_STREAM = "/swarmnode/v1/hello"
 MAX_CONCURRENT_HELLOS = 4

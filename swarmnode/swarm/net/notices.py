@@ -31,14 +31,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from swarmnode.swarm.wire.protocol import (
-    FRAME_HEADER_BYTES,
-    MAX_PEER_ID_BYTES,
-    MAX_RECORD_BYTES,
-    ProtocolError,
-    encode_frame_header,
-    parse_frame_header,
-)
+from swarmnode.swarm.wire.framing import FRAME_HEADER_BYTES, encode_frame_header, parse_frame_header
+from swarmnode.swarm.wire.limits import MAX_PEER_ID_BYTES, MAX_RECORD_BYTES, ProtocolError
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Serving payloads: a bounded in-memory store of encoded batches, answered by digest on a stream.
 
-``PayloadServer`` is the serving half of ``Transport`` (its base class): ``offer`` keeps the newest
-``payload_capacity`` payloads; ``_handle_stream`` answers one pull on ``PAYLOAD_STREAM`` (PROTOCOL.md
+``PayloadServer`` is the serving half of a ``Transport`` (its ``payloads``): ``offer`` keeps the newest
+``payload_capacity`` payloads; ``handle_stream`` answers one pull on ``PAYLOAD_STREAM`` (PROTOCOL.md
 section 9): read a 32-byte digest, write our 4-byte frame header and the body (length 0 = "not here").
 The daemon's own length prefixes have no upper bound, so both sides use that header, hard caps and
 deadlines.
@@ -29,14 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from swarmnode.errors import TransportError
-from swarmnode.swarm.wire.protocol import (
-    MAX_FRAME_BYTES,
-    PULL_REQUEST_BYTES,
-    ProtocolError,
-    encode_frame_header,
-    parse_pull_request,
-)
+from swarmnode.errors import PeerError, TransportError
+from swarmnode.swarm.wire.framing import PULL_REQUEST_BYTES, encode_frame_header, parse_pull_request
+from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
 
 logger = logging.getLogger(__name__)
 
@@ -65,21 +60,20 @@ class _Slot:
 class PayloadServer:
     """The payload store and the stream handler that serves it (``Transport`` adds the network).
 
-    ``stats`` counters (shared with the transport's own): served / served_bytes (payloads sent),
-    not_found (asked for a digest we do not hold), refused (stream closed unanswered: filter or caps),
-    evicted (an idle stream closed to make room for a new one),
-    bad_request (no or short request in time), aborted (the puller left or was too slow), errors
-    (anything else in the handler).
+    ``stats`` counters (the transport counts its pulls in the same dict): served / served_bytes
+    (payloads sent), not_found (asked for a digest we do not hold), refused (stream closed unanswered:
+    filter or caps), evicted (an idle stream closed to make room for a new one), bad_request (no or short
+    request in time), aborted (the puller left or was too slow), errors (anything else in the handler).
     """
 
     def __init__(
         self,
         *,
-        payload_capacity: int,
-        max_streams_per_peer: int,
-        max_streams: int,
-        request_timeout_s: float,
-        serve_timeout_s: float,
+        payload_capacity: int = 64,
+        max_streams_per_peer: int = 4,
+        max_streams: int = 64,
+        request_timeout_s: float = PULL_REQUEST_TIMEOUT_S,
+        serve_timeout_s: float = 30.0,
     ):
         if payload_capacity < 1:
             raise ValueError("payload_capacity must be >= 1")
@@ -103,7 +97,7 @@ class PayloadServer:
         self._active_open = 0  # streams of peers not in good standing
         self._idle: OrderedDict[_Slot, None] = OrderedDict()
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
             self.stats[key] = self.stats.get(key, 0) + n
 
@@ -135,7 +129,7 @@ class PayloadServer:
                 del self._payloads[victim]
                 self._held.pop(victim, None)
 
-    def _drop_payloads(self) -> None:
+    def clear(self) -> None:
         with self._payloads_lock:
             self._payloads.clear()
             self._held.clear()
@@ -168,7 +162,7 @@ class PayloadServer:
             if victim is None:
                 return None
             self._release(victim)
-            self._count("evicted")
+            self.count("evicted")
             with contextlib.suppress(Exception):
                 victim.writer.close()
         slot = _Slot(peer, good, writer)
@@ -191,23 +185,23 @@ class PayloadServer:
         else:
             self._active.pop(slot.peer, None)
 
-    def _allowed(self, peer_id: str) -> bool:
+    def allowed(self, peer_id: str) -> bool:
         try:
             return bool(self._allow(peer_id))
         except Exception:
             logger.exception("peer filter raised for %s; refusing the peer", peer_id)
             return False
 
-    def _local_payload(self, digest: bytes, max_bytes: int) -> bytes:
+    def local_payload(self, digest: bytes, max_bytes: int) -> bytes:
         with self._payloads_lock:
             data = self._payloads.get(digest)
         if data is None:
-            raise TransportError("not_found", "this node does not offer that payload")
+            raise PeerError("not_found", "this node does not offer that payload")
         if len(data) > max_bytes:
-            raise TransportError("oversize", f"payload of {len(data)} bytes; the limit is {max_bytes}")
+            raise PeerError("oversize", f"payload of {len(data)} bytes; the limit is {max_bytes}")
         return data
 
-    async def _handle_stream(
+    async def handle_stream(
         self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         """One pull: read a 32-byte digest, answer with a frame. Every failure is counted, none escapes."""
@@ -215,12 +209,12 @@ class PayloadServer:
         slot = None
         try:
             peer = info.peer_id.to_base58()
-            if not self._allowed(peer):
-                self._count("refused")
+            if not self.allowed(peer):
+                self.count("refused")
                 return
             slot = self._take_slot(peer, writer)
             if slot is None:
-                self._count("refused")
+                self.count("refused")
                 return
             try:
                 request = await asyncio.wait_for(
@@ -229,7 +223,7 @@ class PayloadServer:
                 digest = parse_pull_request(request)
             except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
                 if not slot.released:  # an evicted stream was counted as such
-                    self._count("bad_request")
+                    self.count("bad_request")
                 return
             if slot.released:  # evicted while its request arrived
                 return
@@ -238,11 +232,11 @@ class PayloadServer:
             try:
                 await asyncio.wait_for(self._send_payload(writer, digest), self.serve_timeout_s)
             except (TimeoutError, ConnectionError):  # too slow a reader, or it hung up
-                self._count("aborted")
+                self.count("aborted")
         except asyncio.CancelledError:  # shutdown
             raise
         except Exception as exc:  # a misbehaving client must never take the node down
-            self._count("errors")
+            self.count("errors")
             logger.debug("payload stream from %s failed: %r", peer, exc)
         finally:
             if slot is not None:
@@ -255,7 +249,7 @@ class PayloadServer:
         with self._payloads_lock:
             data = self._payloads.get(digest)
         if data is None:
-            self._count("not_found")
+            self.count("not_found")
             writer.write(encode_frame_header(0))
             await writer.drain()
             return
@@ -264,5 +258,5 @@ class PayloadServer:
         for offset in range(0, len(data), WRITE_CHUNK_BYTES):
             writer.write(view[offset : offset + WRITE_CHUNK_BYTES])
             await writer.drain()
-        self._count("served")
-        self._count("served_bytes", len(data))
+        self.count("served")
+        self.count("served_bytes", len(data))

@@ -90,6 +90,22 @@ def verdict(answers: Sequence[bytes | None]) -> Verdict:
     return "unreachable" if answered else "unknown"
 
 
+def note(verdict_: Verdict, answers: Sequence[bytes | None], ports: Sequence[int]) -> str:
+    """One line for the user saying what the dial-back check decided (client mode: what to do)."""
+    answered = sum(1 for answer in answers if answer)
+    if verdict_ == "reachable":
+        return f"peers can open connections to this node ({answered} checked)"
+    if verdict_ == "unknown":
+        return "not checked: no initial peer answered the dial-back check; running as a full DHT node"
+    return (
+        f"{answered} peer(s) could not open a connection to this node on TCP port(s) "
+        f"{', '.join(map(str, ports))}, so it runs in client mode: it connects out to peers and they pull "
+        "its rollouts over those connections (relays are used where peers offer them). To serve fully, "
+        "give it a fixed port, allow or forward that port in your firewall/router, and pass "
+        "--announce /ip4/<your public IP>/tcp/<port>"
+    )
+
+
 async def _can_connect(ip: str, port: int) -> bool:
     try:
         _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), DIAL_TIMEOUT_S)

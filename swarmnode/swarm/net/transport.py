@@ -2,13 +2,15 @@
 
 This module knows nothing about rollouts or verification. It gives the node three things:
 
-- ``put_record`` / ``get_records``: small values (<= ``MAX_RECORD_BYTES``) under a DHT key, one subkey
-  per peer. hivemind's DHT worker crashes on values over ~64 KiB, so oversize values never reach it.
-- ``offer`` / ``fetch``: payloads served by their 32-byte digest on ``PAYLOAD_STREAM`` (the serving
-  half, with its caps, is ``swarm.payloads.PayloadServer``, this class's base) and the client side that
-  pulls one (PROTOCOL.md section 9), with our 4-byte frame header, a hard cap and one deadline.
-- lifecycle: ``start`` launches the DHT process (it owns p2pd; ``swarm.net.daemon``) and a replica of its P2P
-  client here (our streams carry our peer id) serving ``stream_handlers``; ``shutdown`` stops all of it.
+- ``records``: small values (<= ``MAX_RECORD_BYTES``) under a DHT key, one subkey per peer
+  (``net.dht.DHTRecords``; what the swarm stores where is ``net.dht``).
+- ``payloads`` / ``fetch``: payloads served by their 32-byte digest on ``PAYLOAD_STREAM`` (the serving
+  half, with its caps and the peer filter, is ``payloads``, a ``net.payloads.PayloadServer``) and the
+  client side that pulls one (PROTOCOL.md section 9), with our 4-byte frame header, a hard cap and one
+  deadline.
+- lifecycle: ``serve`` registers a stream handler (the one way to; before ``start``); ``start`` launches
+  the DHT process (it owns p2pd; ``net.daemon``) and a replica of its P2P client here (our streams carry
+  our peer id) serving those handlers; ``shutdown`` stops all of it.
 - reachability (``swarm.reachability``): with ``auto``, ``start`` asks initial peers to dial this node
   back (reachability.py). If none can, it restarts as a DHT client: peers then never wait on it in
   their routing tables, it reaches out to them, and they pull its payloads over the connections it
@@ -22,7 +24,7 @@ clock too far off the peers' (hivemind allows 3 s).
 
 Threading: hivemind's P2P client is asyncio, the rest of the node synchronous. One event loop runs in a
 daemon thread; public methods run coroutines on it with timeouts (``submit``: without waiting); stream
-handlers run on it and never block it. Record trouble is a logged miss; pulls raise ``TransportError``.
+handlers run on it and never block it. Pulls raise ``PeerError`` (the network edge: counted, never fatal).
 """
 
 from __future__ import annotations
@@ -36,26 +38,24 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from swarmnode.config import SwarmConfig
-from swarmnode.errors import TransportError
+from swarmnode.errors import PeerError, TransportError
 from swarmnode.identity import public_key_from_peer_id
 from swarmnode.swarm.net import daemon, reachability
-from swarmnode.swarm.net.payloads import PULL_REQUEST_TIMEOUT_S, PayloadServer
-from swarmnode.swarm.wire.protocol import (
+from swarmnode.swarm.net.dht import DHTRecords
+from swarmnode.swarm.net.payloads import PayloadServer
+from swarmnode.swarm.wire.framing import (
     FRAME_HEADER_BYTES,
-    MAX_FRAME_BYTES,
-    MAX_RECORD_BYTES,
     PAYLOAD_STREAM,
     PULL_REQUEST_BYTES,
-    ProtocolError,
     encode_pull_request,
     parse_frame_header,
 )
+from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported on start(), not on import
     import hivemind
@@ -64,28 +64,25 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FETCH_FAILURE_REASONS = ("timeout", "not_found", "oversize", "unreachable", "closed", "banned", "bad_peer")
-# every TransportError reason; the start-up ones follow the fetch failures
-TRANSPORT_ERROR_REASONS = (
-    *FETCH_FAILURE_REASONS, "startup", "bad_identity", "bad_address", "port_taken", "clock_skew",
-)  # fmt: skip
-RECORD_GET_TIMEOUT_S = 5.0
 # start-up longer than this many start timeouts (a DHT start, a dial-back, a restart in client mode and
 # their slack) is a hang: every thread's stack goes to stderr
 STARTUP_STACKS_AFTER = 4
 
 
-class Transport(PayloadServer):
+class Transport:
     """One node's DHT membership and payload streams. Not usable before ``start`` or after ``shutdown``.
 
-    Serving (``offer``, the stream handler and its caps: ``max_streams_per_peer``, ``max_streams``,
-    ``request_timeout_s``, ``serve_timeout_s``) is ``PayloadServer``'s. ``stream_name`` exists for tests
+    Serving (``payloads.offer``, the peer filter and standing, the stream handler and its caps) is
+    ``payloads``, a ``PayloadServer`` (one with the default caps unless given); its ``stats`` dict is this
+    transport's too. ``stream_name`` exists for tests
     (another protocol id); nodes keep the default. ``must_reach_initial_peers=False`` (bootstrap nodes)
     starts even when no initial peer answers.
 
     After ``start``: ``client_mode`` (whether the DHT runs as a client), ``reachability`` (the dial-back
     verdict, or "unchecked") and ``reachability_note`` (one line for the user saying what was decided).
 
-    ``stats`` (counters for metrics): the serving ones (``PayloadServer``), fetch_ok / fetch_bytes,
+    ``stats`` (counters for metrics): the serving ones (``PayloadServer``), dht_read_failed /
+    dht_store_failed, fetch_ok / fetch_bytes,
     fetch_failed_<reason> for each of FETCH_FAILURE_REASONS, and disconnected_after_timeout (connections
     closed after a timed-out pull, to be dialled afresh).
     """
@@ -96,22 +93,12 @@ class Transport(PayloadServer):
         swarm: SwarmConfig,
         *,
         must_reach_initial_peers: bool = True,
-        payload_capacity: int = 64,
+        payloads: PayloadServer | None = None,
         stream_name: str = PAYLOAD_STREAM,
-        max_streams_per_peer: int = 4,
-        max_streams: int = 64,
-        request_timeout_s: float = PULL_REQUEST_TIMEOUT_S,
-        serve_timeout_s: float = 30.0,
         start_timeout_s: float = 30.0,
         record_timeout_s: float = 10.0,
     ):
-        super().__init__(
-            payload_capacity=payload_capacity,
-            max_streams_per_peer=max_streams_per_peer,
-            max_streams=max_streams,
-            request_timeout_s=request_timeout_s,
-            serve_timeout_s=serve_timeout_s,
-        )
+        self.payloads = payloads if payloads is not None else PayloadServer()
         self.identity_path = Path(identity_path)
         self.swarm = swarm
         self.must_reach_initial_peers = must_reach_initial_peers
@@ -120,15 +107,15 @@ class Transport(PayloadServer):
         self.reachability_note = ""
         self.stream_name = stream_name
         self.start_timeout_s = start_timeout_s
-        self.record_timeout_s = record_timeout_s
 
         self.peer_id: str = ""
+        self.stats = self.payloads.stats
         self.stats.update(dict.fromkeys(("fetch_ok", "fetch_bytes", "disconnected_after_timeout"), 0))
         self.stats.update(dict.fromkeys(("dht_read_failed", "dht_store_failed"), 0))
         self.stats.update({f"fetch_failed_{reason}": 0 for reason in FETCH_FAILURE_REASONS})
-        self._record_trouble_logged = False
-        self.last_read_ok = 0.0  # time.time() of the last DHT get / store that succeeded (0: never)
-        self.last_write_ok = 0.0
+        self.records = DHTRecords(
+            lambda: self._dht if self._running() else None, self.payloads.count, record_timeout_s
+        )
 
         self._dht: hivemind.DHT | None = None
         self._p2p: Any = None  # hivemind.P2P replica on the DHT's daemon
@@ -137,11 +124,15 @@ class Transport(PayloadServer):
         self._started = False
         self._closed = False
         self._lifecycle_lock = threading.Lock()
-        self.stream_handlers: dict[str, Callable[..., Coroutine]] = {}  # more to serve: set before start
+        self._handlers: dict[str, Callable[..., Coroutine]] = {stream_name: self.payloads.handle_stream}
 
-    # ------------------------------------------------------------------------------------------
-    # lifecycle
-    # ------------------------------------------------------------------------------------------
+    def serve(self, name: str, handler: Callable[..., Coroutine]) -> None:
+        """Answer streams of protocol ``name`` with ``handler(info, reader, writer)`` on the transport's
+        loop (it must never block it). Before ``start``; a second handler for a name replaces the first."""
+        if self._started:
+            raise RuntimeError(f"serve({name!r}) after start: stream handlers are registered before it")
+        self._handlers[name] = handler
+
     def start(self) -> list[str]:
         """Start the DHT (and its p2pd), the in-process replica and the payload handler.
 
@@ -200,25 +191,11 @@ class Transport(PayloadServer):
                 _gather([reachability.ask(self._p2p, peer, ports, timeout) for peer in asked]), timeout + 5
             )
         self.reachability = reachability.verdict(answers)
-        answered = sum(1 for answer in answers if answer)
-        port_list = ", ".join(map(str, ports))
-        if self.reachability == "reachable":
-            self.reachability_note = f"peers can open connections to this node ({answered} checked)"
-        elif self.reachability == "unknown":
-            self.reachability_note = (
-                "not checked: no initial peer answered the dial-back check; running as a full DHT node"
-            )
-        else:
-            logger.info("dial-back failed on TCP port(s) %s; restarting the DHT in client mode", port_list)
+        if self.reachability == "unreachable":
+            logger.info("dial-back failed on TCP port(s) %s; restarting the DHT in client mode", ports)
             self._stop_network()
             maddrs = self._start_network(peer_id, initial_peers, client=True)
-            self.reachability_note = (
-                f"{answered} peer(s) could not open a connection to this node on TCP port(s) {port_list}, "
-                "so it runs in client mode: it connects out to peers and they pull its rollouts over "
-                "those connections (relays are used where peers offer them). To serve fully, give it a "
-                "fixed port, allow or forward that port in your firewall/router, and pass "
-                "--announce /ip4/<your public IP>/tcp/<port>"
-            )
+        self.reachability_note = reachability.note(self.reachability, answers, ports)
         return maddrs
 
     def _start_replica(self, expected_peer_id: str) -> list[str]:
@@ -241,9 +218,8 @@ class Transport(PayloadServer):
             raise TransportError(
                 "bad_identity", f"p2pd runs as {self.peer_id}, but the identity file is {expected_peer_id}"
             )
-        self.stream_handlers[self.stream_name] = self._handle_stream
-        self.stream_handlers.setdefault(reachability.DIALBACK_STREAM, reachability.DialbackServer().handle)
-        for name, handler in self.stream_handlers.items():
+        self._handlers.setdefault(reachability.DIALBACK_STREAM, reachability.DialbackServer().handle)
+        for name, handler in self._handlers.items():
             self._call(self._p2p.add_binary_stream_handler(name, handler), timeout)
         # if this process dies without shutdown() (kill -9), the DHT process and p2pd must not linger on
         # with our peer id and port: they watch for it and exit
@@ -269,14 +245,14 @@ class Transport(PayloadServer):
         with contextlib.suppress(Exception):
             atexit.unregister(self.shutdown)
         self._stop_network()
-        self._drop_payloads()
+        self.payloads.clear()
 
     def _stop_network(self) -> None:
         """Stop the handlers, the loop thread, the replica and the DHT process (and its p2pd)."""
         loop, p2p = self._loop, self._p2p
         if loop is not None and self._thread is not None and self._thread.is_alive():
             if p2p is not None:
-                for name in self.stream_handlers:
+                for name in self._handlers:
                     with contextlib.suppress(Exception):
                         self._call(p2p.remove_binary_stream_handler(name), 2.0)
                 with contextlib.suppress(Exception):
@@ -301,7 +277,7 @@ class Transport(PayloadServer):
         """Run ``coro`` on the transport's loop and wait at most ``timeout`` seconds for its result."""
         if self._loop is None or self._loop.is_closed():
             coro.close()
-            raise TransportError("closed", "transport is not running")
+            raise PeerError("closed", "transport is not running")
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("Transport methods must not be called from its own event loop")
@@ -315,106 +291,13 @@ class Transport(PayloadServer):
     def _running(self) -> bool:
         return self._started and not self._closed
 
-    # ------------------------------------------------------------------------------------------
-    # DHT records
-    # ------------------------------------------------------------------------------------------
-    def put_record(
-        self, key: str, subkey: str, value: bytes, ttl_s: float, timeout_s: float | None = None
-    ) -> bool:
-        """Store ``value`` under (key, subkey) for ``ttl_s`` seconds. False if the DHT did not take it
-        within ``timeout_s`` (at most ``record_timeout_s``, the default).
-
-        Raises TransportError("oversize") for a value over MAX_RECORD_BYTES: hivemind's DHT worker
-        process dies on large values, so they are refused here, before they reach it.
-        """
-        if not isinstance(value, bytes | bytearray):
-            raise TypeError("a record value is bytes")
-        if len(value) > MAX_RECORD_BYTES:
-            raise TransportError("oversize", f"record of {len(value)} bytes; the limit is {MAX_RECORD_BYTES}")
-        if ttl_s <= 0:
-            raise ValueError("ttl_s must be > 0")
-        if not self._running():
-            logger.warning("put_record(%r) on a transport that is not running", key)
-            return False
-        from hivemind.utils import get_dht_time
-
-        assert self._dht is not None
-        try:
-            future = self._dht.store(
-                key,
-                bytes(value),
-                expiration_time=get_dht_time() + ttl_s,
-                subkey=subkey,
-                return_future=True,
-            )
-            try:
-                timeout = (
-                    self.record_timeout_s if timeout_s is None else min(timeout_s, self.record_timeout_s)
-                )
-                ok = bool(future.result(timeout=timeout))
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise
-        except Exception as exc:
-            self._record_trouble(f"DHT store of {key!r} failed: {exc!r}")
-            self._count("dht_store_failed")
-            return False
-        self._record_trouble_logged = False
-        if ok:
-            self.last_write_ok = time.time()
-        else:  # no node took it: the DHT's validators refused it, or every storing node is full
-            self._count("dht_store_failed")
-        return ok
-
-    def get_records(self, key: str, timeout_s: float | None = None) -> dict[str, bytes]:
-        """All live (subkey -> value) pairs under ``key`` (``get_many_records`` of one key)."""
-        return self.get_many_records([key], timeout_s).get(key, {})
-
-    def get_many_records(
-        self, keys: list[str], timeout_s: float | None = None
-    ) -> dict[str, dict[str, bytes]]:
-        """Live (subkey -> value) pairs under each of ``keys``, looked up together; a key is missing on a
-        miss, and all are on any network trouble or no answer within ``timeout_s`` (default
-        ``RECORD_GET_TIMEOUT_S``). Entries whose subkey is not a str or whose value is not bytes of at
-        most MAX_RECORD_BYTES are dropped: what comes back is untrusted.
-        """
-        if not self._running() or not keys:
-            return {}
-        assert self._dht is not None
-        try:
-            coro = functools.partial(daemon.get_many, keys=list(keys))
-            future = self._dht.run_coroutine(coro, return_future=True)
-            try:
-                found = future.result(timeout=RECORD_GET_TIMEOUT_S if timeout_s is None else timeout_s)
-            except concurrent.futures.TimeoutError:
-                future.cancel()
-                raise
-        except Exception as exc:
-            self._record_trouble(f"DHT get of {keys[0]!r} and {len(keys) - 1} more failed: {exc!r}")
-            self._count("dht_read_failed")
-            return {}
-        self._record_trouble_logged = False
-        self.last_read_ok = time.time()
-        return found
-
-    def _record_trouble(self, message: str) -> None:
-        """Warn once per outage; repeats go to debug so a flaky network does not flood the log."""
-        if self._record_trouble_logged:
-            logger.debug(message)
-        else:
-            logger.warning("%s (further DHT errors are logged at debug level until one succeeds)", message)
-            self._record_trouble_logged = True
-
-    # ------------------------------------------------------------------------------------------
-    # payloads: pulling side
-    # ------------------------------------------------------------------------------------------
     def fetch(
         self, peer_id: str, digest: bytes, *, max_bytes: int = MAX_FRAME_BYTES, timeout_s: float = 10.0
     ) -> bytes:
         """Pull the payload with ``digest`` from ``peer_id``: exactly the bytes it sent, unverified.
 
         The whole exchange has one deadline. A header over ``max_bytes`` (never more than
-        MAX_FRAME_BYTES) is rejected before any of the body is read. Raises TransportError with reason
+        MAX_FRAME_BYTES) is rejected before any of the body is read. Raises PeerError with reason
         timeout / not_found / oversize / unreachable / closed / banned / bad_peer.
         """
         if len(digest) != PULL_REQUEST_BYTES:
@@ -422,28 +305,26 @@ class Transport(PayloadServer):
         max_bytes = min(max_bytes, MAX_FRAME_BYTES)
         try:
             if not self._running():
-                raise TransportError("closed", "transport is not running")
+                raise PeerError("closed", "transport is not running")
             if public_key_from_peer_id(peer_id) is None:
-                raise TransportError("bad_peer", f"{peer_id!r} is not an Ed25519 peer id")
-            if not self._allowed(peer_id):
-                raise TransportError("banned", f"peer {peer_id} is refused by the peer filter")
+                raise PeerError("bad_peer", f"{peer_id!r} is not an Ed25519 peer id")
+            if not self.payloads.allowed(peer_id):
+                raise PeerError("banned", f"peer {peer_id} is refused by the peer filter")
             if peer_id == self.peer_id:
-                data = self._local_payload(bytes(digest), max_bytes)
+                data = self.payloads.local_payload(bytes(digest), max_bytes)
             else:
                 coro = self._fetch(peer_id, bytes(digest), max_bytes, timeout_s)
                 try:
                     data = self._call(coro, timeout_s + 5.0)  # the coroutine has its own deadline
                 except concurrent.futures.TimeoutError:
-                    raise TransportError(
-                        "timeout", f"no answer from {peer_id} in {timeout_s:.1f} s"
-                    ) from None
+                    raise PeerError("timeout", f"no answer from {peer_id} in {timeout_s:.1f} s") from None
                 except concurrent.futures.CancelledError:
-                    raise TransportError("closed", "the transport shut down during the pull") from None
-        except TransportError as exc:
-            self._count(f"fetch_failed_{exc.reason}")
+                    raise PeerError("closed", "the transport shut down during the pull") from None
+        except PeerError as exc:
+            self.payloads.count(f"fetch_failed_{exc.reason}")
             raise
-        self._count("fetch_ok")
-        self._count("fetch_bytes", len(data))
+        self.payloads.count("fetch_ok")
+        self.payloads.count("fetch_bytes", len(data))
         return data
 
     async def _fetch(self, peer_id: str, digest: bytes, max_bytes: int, timeout_s: float) -> bytes:
@@ -460,7 +341,7 @@ class Transport(PayloadServer):
             except (TimeoutError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # ControlFailure, P2PDaemonError, OSError: no route, no such protocol
-                raise TransportError("unreachable", f"cannot open a stream to {peer_id}: {exc}") from None
+                raise PeerError("unreachable", f"cannot open a stream to {peer_id}: {exc}") from None
             writer.write(encode_pull_request(digest))
             await writer.drain()
             header = await reader.readexactly(FRAME_HEADER_BYTES)
@@ -468,22 +349,22 @@ class Transport(PayloadServer):
                 length = parse_frame_header(header, max_bytes)
             except ProtocolError:
                 claimed = int.from_bytes(header, "big")
-                raise TransportError(
+                raise PeerError(
                     "oversize", f"{peer_id} announced {claimed} bytes; the limit is {max_bytes}"
                 ) from None
             if length == 0:
-                raise TransportError("not_found", f"{peer_id} does not have that payload (any more)")
+                raise PeerError("not_found", f"{peer_id} does not have that payload (any more)")
             return await reader.readexactly(length)
 
         try:
             return await asyncio.wait_for(exchange(), timeout_s)
-        except TransportError:
+        except PeerError:
             raise
         except TimeoutError:
             await self._drop_connection(peer_id)
-            raise TransportError("timeout", f"pull from {peer_id} took over {timeout_s:.1f} s") from None
+            raise PeerError("timeout", f"pull from {peer_id} took over {timeout_s:.1f} s") from None
         except Exception as exc:  # IncompleteReadError, ConnectionResetError, ...: the stream ended early
-            raise TransportError("closed", f"{peer_id} closed the stream early ({exc!r})") from None
+            raise PeerError("closed", f"{peer_id} closed the stream early ({exc!r})") from None
         finally:
             if writer is not None:
                 writer.close()
@@ -499,13 +380,10 @@ class Transport(PayloadServer):
 
         try:
             await asyncio.wait_for(self._p2p._client.disconnect(PeerID.from_base58(peer_id)), 2.0)
-            self._count("disconnected_after_timeout")
+            self.payloads.count("disconnected_after_timeout")
         except Exception as exc:
             logger.debug("disconnecting %s after a timed-out pull failed: %r", peer_id, exc)
 
-    # ------------------------------------------------------------------------------------------
-    # observation
-    # ------------------------------------------------------------------------------------------
     def connected_peers(self) -> set[str]:
         """Peer ids the daemon holds a connection to (best effort: empty if it cannot tell)."""
         if not self._running():

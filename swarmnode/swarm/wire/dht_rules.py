@@ -27,19 +27,22 @@ import hashlib
 import msgpack
 
 from swarmnode.swarm.wire.codec import decode_message
-from swarmnode.swarm.wire.protocol import (
+from swarmnode.swarm.wire.limits import (
     MAX_CLOCK_SKEW_S,
     MAX_PEER_ID_BYTES,
     MAX_RECORD_BYTES,
-    MAX_RECORD_TTL_S,
-    RECORD_CLOCK_TOLERANCE_S,
-    BatchAnnouncement,
     ProtocolError,
-    RosterCard,
-    announce_key,
-    roster_key,
+    validate_swarm_id,
 )
+from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 
+# DHT layout and record limits (PROTOCOL.md section 8)
+MAX_RECORD_TTL_S = 900.0  # a record expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
+RECORD_CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+ROSTER_SHARDS = 8  # roster keys per swarm (roster_key)
+MAX_SUBKEYS_PER_KEY = 64  # subkeys one DHT key holds: 64 x 8 KiB stays far under hivemind's 4 MiB answer
+ROSTER_TTL_PERIODS = 2  # roster DHT entries expire after 2 announce periods
+ANNOUNCE_TTL_ROUNDS = 3  # announcements expire after 3 round durations
 MSGPACK_BIN_HEADER_BYTES = 5  # hivemind stores our value msgpack-encoded: bin 32 header + the bytes
 # hivemind's reserved subkeys: a plain value (msgpack nil) and a whole dictionary (empty bytes)
 RESERVED_SUBKEYS = (msgpack.packb(None), b"")
@@ -97,3 +100,36 @@ def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now
     if expiration > msg.timestamp + MAX_RECORD_TTL_S + RECORD_CLOCK_TOLERANCE_S:
         return "far_expiration"
     return None
+
+
+def roster_shard(peer_id: str) -> int:
+    """Which of the ``ROSTER_SHARDS`` roster keys holds ``peer_id``'s card: sha256(peer id)[0] mod shards."""
+    return hashlib.sha256(peer_id.encode("utf-8", "surrogatepass")).digest()[0] % ROSTER_SHARDS
+
+
+def roster_key(swarm_id: str, peer_id: str) -> str:
+    """DHT key of the roster shard holding ``peer_id``'s card; subkey = peer id, value = encoded RosterCard.
+    Sharded so that no one key's answer nears hivemind's 4 MiB response cap (``MAX_SUBKEYS_PER_KEY`` x
+    ``MAX_RECORD_BYTES`` per shard) and one bad subkey costs a reader at most one shard."""
+    return f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{roster_shard(peer_id)}"
+
+
+def roster_keys(swarm_id: str) -> list[str]:
+    """Every roster shard key of the swarm (what a reader gets)."""
+    return [f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{shard}" for shard in range(ROSTER_SHARDS)]
+
+
+def announce_key(swarm_id: str, peer_id: str) -> str:
+    """DHT key of ``peer_id``'s announcements: subkey = peer id, value = that peer's latest encoded
+    BatchAnnouncement. One key per peer, for all rounds: peers run at their own pace (and restart), so a
+    reader takes every peer's newest batch whatever its round number, and no other peer's subkeys can
+    make a reader lose it (hivemind drops a whole dictionary when one subkey fails validation)."""
+    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce/{peer_id}"
+
+
+def roster_ttl_s(announce_period_s: float) -> float:
+    return ROSTER_TTL_PERIODS * announce_period_s
+
+
+def announce_ttl_s(round_period_s: float) -> float:
+    return ANNOUNCE_TTL_ROUNDS * round_period_s

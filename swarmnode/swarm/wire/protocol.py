@@ -1,9 +1,10 @@
-"""The wire protocol, version 1: the wire types, their limits and the reject reasons. The spec is
-``protocol/PROTOCOL.md``; this module mirrors it.
+"""The wire protocol, version 1: the message types. The spec is ``protocol/PROTOCOL.md``; this module
+mirrors it, with its limits and reject reasons in ``wire.limits``, the field checks in ``wire.reader``,
+stream framing in ``wire.framing`` and the DHT layout in ``wire.dht_rules``.
 
 Three signed messages travel between nodes: a ``RosterCard`` ("I am here, this model, these addresses";
 a DHT record), a ``BatchAnnouncement`` ("I have a rollout batch for round r with this sha256"; a DHT
-record) and the ``RolloutBatch`` itself (pulled over a libp2p stream, framed by this module).
+record) and the ``RolloutBatch`` itself (pulled over a libp2p stream, ``wire.framing``).
 
 Every message is a canonical msgpack envelope ``{"b": body, "k": public key, "s": signature, "t": type,
 "v": 1}`` signed with the sender's Ed25519 identity (the key of its libp2p peer id). ``swarm.wire.codec``
@@ -11,7 +12,7 @@ encodes and decodes them: ``codec.decode_message`` checks, cheapest first: size,
 limits, envelope shape, version, canonical form, signature, peer id == key, expected sender, swarm, then
 every field (each type's ``from_body``). It raises ``ProtocolError`` with a ``reason`` from
 ``REJECT_REASONS`` and nothing else, whatever the input. State-dependent checks (timestamp window,
-per-sender sequence numbers, payload hash vs announcement) belong to the caller; ``check_fresh`` here
+per-sender sequence numbers, payload hash vs announcement) belong to the caller; ``limits.check_fresh``
 and ``codec.check_payload`` are the pure parts of them.
 
 A batch carries task references, completions and *claimed* rewards only: no question, no answer. The
@@ -21,115 +22,39 @@ receiver regenerates both from the ``TaskRef`` and recomputes rewards itself (``
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 import struct
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:  # the field reader sits above this module (codec.py imports the types)
-    from swarmnode.swarm.wire.codec import Reader
-
-PROTOCOL_VERSION = 1
-DOMAIN_PREFIX = b"swarmnode/v1/"  # signed bytes = prefix + type + 0x00 + swarm_id + 0x00 + canonical body
-
-ROSTER_CARD = "roster_card"
-BATCH_ANNOUNCEMENT = "batch_announcement"
-ROLLOUT_BATCH = "rollout_batch"
-MESSAGE_TYPES = (ROSTER_CARD, BATCH_ANNOUNCEMENT, ROLLOUT_BATCH)
-OFFLINE_FIELD = "offline"  # RosterCard's optional "I am leaving" flag
-
-# --- size limits (bytes are encoded bytes; string lengths are UTF-8 bytes) -----------------------------
-MAX_FRAME_BYTES = 4 * 1024 * 1024  # one encoded RolloutBatch, and one stream frame body
-MAX_RECORD_BYTES = 8 * 1024  # one encoded RosterCard or BatchAnnouncement (a DHT value)
-MAX_GROUPS_PER_BATCH = 64
-MAX_COMPLETIONS_PER_GROUP = 64
-MAX_COMPLETION_TEXT_BYTES = 16 * 1024
-MAX_COMPLETION_TOKENS = 4096  # n_tokens, hence logprobs and token_ids per completion
-MAX_PEER_ID_BYTES = 128
-MAX_SWARM_ID_BYTES = 64
-MAX_NAME_BYTES = 256  # model_name
-MAX_FINGERPRINT_CHARS = 128  # tokenizer_fingerprint, lowercase hex
-MAX_ADDRS = 16
-MAX_ADDR_BYTES = 256
-MAX_DATASET_BYTES = 128
-MAX_CONFIG_ENTRIES = 32  # per map inside a task config
-MAX_CONFIG_LIST = 64  # per list inside a task config
-MAX_CONFIG_KEY_BYTES = 64
-MAX_CONFIG_STR_BYTES = 256
-MAX_CONFIG_DEPTH = 4  # the config map itself is depth 1
-
-# --- hard decoder limits: anything beyond them is "malformed" before any field is looked at ---------
-UNPACK_MAX_STR_LEN = MAX_COMPLETION_TEXT_BYTES
-UNPACK_MAX_BIN_LEN = 4 * MAX_COMPLETION_TOKENS
-UNPACK_MAX_ARRAY_LEN = 1024
-UNPACK_MAX_MAP_LEN = 256
-UNPACK_MAX_CONTAINERS = 16384  # arrays + maps in one message (bounds memory per decoded byte)
-MAX_NESTING = 16  # depth of arrays/maps in a body, the body map being depth 1
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-# --- checks that need state (done by the caller; documented in PROTOCOL.md) -----------------------
-MAX_CLOCK_SKEW_S = 30.0  # |timestamp - receiver clock| must be <= this
-ROSTER_TTL_PERIODS = 2  # roster DHT entries expire after 2 announce periods
-ANNOUNCE_TTL_ROUNDS = 3  # announcements expire after 3 round durations
-
-# --- DHT records (checked where they are stored: swarm/dht.py; PROTOCOL.md section 8) ---------------
-MAX_RECORD_TTL_S = 900.0  # a record expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
-RECORD_CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
-ROSTER_SHARDS = 8  # roster keys per swarm (roster_key)
-MAX_SUBKEYS_PER_KEY = 64  # subkeys one DHT key holds: 64 x 8 KiB stays far under hivemind's 4 MiB answer
-
-# --- payload pulls over a libp2p stream ----------------------------------------------------------
-PAYLOAD_STREAM = "/swarmnode/v1/payload"  # hivemind add_binary_stream_handler name
-PULL_REQUEST_BYTES = 32  # the request is the payload's sha256
-FRAME_HEADER_BYTES = 4  # response: big-endian uint32 length, then the body; length 0 = "not here"
-
-REJECT_REASONS = (
-    # raised by decode_message (in the order it checks)
-    "oversize",  # encoded size over the cap for its kind, or a frame header over MAX_FRAME_BYTES
-    "malformed",  # not msgpack, truncated, trailing bytes, hard limits, bad envelope shape
-    "bad_version",  # envelope version is not PROTOCOL_VERSION
-    "unknown_type",  # message type not in MESSAGE_TYPES
-    "wrong_type",  # a known type, but not the one expected here
-    "non_canonical",  # valid msgpack, but not the canonical encoding of what it holds
-    "bad_signature",  # signature does not verify against the embedded key (or the key is weak)
-    "peer_id_mismatch",  # body.peer_id is not the peer id of the embedded key
-    "wrong_sender",  # signed by another peer than the one the caller expected (stream peer, DHT subkey)
-    "wrong_swarm",  # body.swarm_id is not the receiver's swarm
-    "missing_field",  # a required field is absent
-    "bad_field",  # wrong type, out of range, bad format, inconsistent lengths
-    "over_limit",  # a per-field count or length limit exceeded (groups, completions, text, ...)
-    # raised by the stateful checks around the decoder
-    "stale",  # timestamp outside +-MAX_CLOCK_SKEW_S of the receiver's clock
-    "replay",  # seq not strictly greater than the last seen from this sender for this type
-    "hash_mismatch",  # pulled payload's length/sha256 differ from the announcement
+from swarmnode.swarm.wire.limits import (
+    ADDR_RE,
+    BATCH_ANNOUNCEMENT,
+    DATASET_RE,
+    FINGERPRINT_RE,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ADDR_BYTES,
+    MAX_ADDRS,
+    MAX_COMPLETION_TEXT_BYTES,
+    MAX_COMPLETION_TOKENS,
+    MAX_COMPLETIONS_PER_GROUP,
+    MAX_DATASET_BYTES,
+    MAX_FINGERPRINT_CHARS,
+    MAX_FRAME_BYTES,
+    MAX_GROUPS_PER_BATCH,
+    MAX_NAME_BYTES,
+    MAX_RECORD_BYTES,
+    NO_CONTROL_RE,
+    OFFLINE_FIELD,
+    PROTOCOL_VERSION,
+    ROLLOUT_BATCH,
+    ROSTER_CARD,
+    ProtocolError,
+    payload_digest,
 )
-
-SWARM_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-FINGERPRINT_RE = re.compile(r"[0-9a-f]*")
-DATASET_RE = re.compile(r"[A-Za-z0-9_.:/-]+")
-ADDR_RE = re.compile(r"/[\x21-\x7e]*")
-NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f]*")
-
-
-class ProtocolError(Exception):
-    """A message was rejected; ``reason`` is one of ``REJECT_REASONS`` (a metrics label)."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        if reason not in REJECT_REASONS:
-            raise ValueError(f"unknown reject reason {reason!r}")
-        self.reason = reason
-        self.detail = detail
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-
-
-# ============================================================================================
-# Wire types
-# ============================================================================================
+from swarmnode.swarm.wire.reader import Reader
 
 
 @dataclass(frozen=True)
@@ -429,33 +354,6 @@ def pack_array(code: str, values: Sequence[float | int], name: str) -> bytes:
         raise ProtocolError("bad_field", f"{name}: {e}") from None
 
 
-# ============================================================================================
-# Stateful checks (pure parts), payload pulls, DHT layout
-# ============================================================================================
-
-
-def check_fresh(
-    timestamp: float, now: float, *, max_age: float = 0.0, max_skew: float = MAX_CLOCK_SKEW_S
-) -> None:
-    """Raise ProtocolError("stale") unless now - max_age - max_skew <= timestamp <= now + max_skew.
-
-    ``max_age`` is how old a message may legitimately be when it arrives: 0 for a message sent
-    directly, the record's TTL for one read from the DHT (``roster_ttl_s`` / ``announce_ttl_s``).
-    """
-    if not now - max_age - max_skew <= timestamp <= now + max_skew:
-        raise ProtocolError("stale", f"timestamp {timestamp:.3f} is {timestamp - now:+.1f} s from now")
-
-
-def next_seq(previous: int) -> int:
-    """A sender's next ``seq`` for one message type: max(previous + 1, unix time in milliseconds), so it
-    keeps increasing across restarts without stored state (PROTOCOL.md section 7)."""
-    return max(previous + 1, int(time.time() * 1000))
-
-
-def payload_digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
 def announcement_for(
     batch: RolloutBatch, batch_bytes: bytes, *, timestamp: float, seq: int
 ) -> BatchAnnouncement:
@@ -471,80 +369,3 @@ def announcement_for(
         timestamp=timestamp,
         seq=seq,
     )
-
-
-def encode_pull_request(payload_sha256: bytes) -> bytes:
-    if len(payload_sha256) != PULL_REQUEST_BYTES:
-        raise ValueError("a pull request is a 32-byte sha256")
-    return bytes(payload_sha256)
-
-
-def parse_pull_request(data: bytes) -> bytes:
-    if len(data) != PULL_REQUEST_BYTES:
-        raise ProtocolError("malformed", f"pull request of {len(data)} bytes; expected {PULL_REQUEST_BYTES}")
-    return bytes(data)
-
-
-def encode_frame_header(length: int, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
-    if not 0 <= length <= max_bytes:
-        raise ProtocolError("oversize", f"frame of {length} bytes; the limit is {max_bytes}")
-    return length.to_bytes(FRAME_HEADER_BYTES, "big")
-
-
-def parse_frame_header(header: bytes, max_bytes: int = MAX_FRAME_BYTES) -> int:
-    """Body length from a 4-byte header; rejects before the body is read. 0 means "payload not here"."""
-    if len(header) != FRAME_HEADER_BYTES:
-        raise ProtocolError("malformed", f"frame header of {len(header)} bytes")
-    length = int.from_bytes(header, "big")
-    if length > max_bytes:
-        raise ProtocolError("oversize", f"frame of {length} bytes; the limit is {max_bytes}")
-    return length
-
-
-def encode_frame(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
-    return encode_frame_header(len(body), max_bytes) + body
-
-
-def validate_swarm_id(swarm_id: str) -> str:
-    """Swarm ids name DHT keys: 1-64 of [A-Za-z0-9._-], starting with a letter or digit."""
-    if not (
-        isinstance(swarm_id, str) and len(swarm_id) <= MAX_SWARM_ID_BYTES and SWARM_ID_RE.fullmatch(swarm_id)
-    ):
-        raise ValueError(
-            f"invalid swarm id {swarm_id!r}: use 1-{MAX_SWARM_ID_BYTES} letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return swarm_id
-
-
-def roster_shard(peer_id: str) -> int:
-    """Which of the ``ROSTER_SHARDS`` roster keys holds ``peer_id``'s card: sha256(peer id)[0] mod shards."""
-    return hashlib.sha256(peer_id.encode("utf-8", "surrogatepass")).digest()[0] % ROSTER_SHARDS
-
-
-def roster_key(swarm_id: str, peer_id: str) -> str:
-    """DHT key of the roster shard holding ``peer_id``'s card; subkey = peer id, value = encoded RosterCard.
-    Sharded so that no one key's answer nears hivemind's 4 MiB response cap (``MAX_SUBKEYS_PER_KEY`` x
-    ``MAX_RECORD_BYTES`` per shard) and one bad subkey costs a reader at most one shard."""
-    return f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{roster_shard(peer_id)}"
-
-
-def roster_keys(swarm_id: str) -> list[str]:
-    """Every roster shard key of the swarm (what a reader gets)."""
-    return [f"swarmnode/{validate_swarm_id(swarm_id)}/roster/{shard}" for shard in range(ROSTER_SHARDS)]
-
-
-def announce_key(swarm_id: str, peer_id: str) -> str:
-    """DHT key of ``peer_id``'s announcements: subkey = peer id, value = that peer's latest encoded
-    BatchAnnouncement. One key per peer, for all rounds: peers run at their own pace (and restart), so a
-    reader takes every peer's newest batch whatever its round number, and no other peer's subkeys can
-    make a reader lose it (hivemind drops a whole dictionary when one subkey fails validation)."""
-    return f"swarmnode/{validate_swarm_id(swarm_id)}/announce/{peer_id}"
-
-
-def roster_ttl_s(announce_period_s: float) -> float:
-    return ROSTER_TTL_PERIODS * announce_period_s
-
-
-def announce_ttl_s(round_period_s: float) -> float:
-    return ANNOUNCE_TTL_ROUNDS * round_period_s

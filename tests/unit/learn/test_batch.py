@@ -9,21 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from swarmnode.config import ModelConfig, TinyModelConfig
 from swarmnode.learn.batch import PEER_TOKEN_FACTOR, TrainSequence, microbatches, pad_batch, to_sequences
-from swarmnode.policy import Policy, load_policy
+from swarmnode.policy import Policy
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def policies() -> dict[str, Policy]:
-    return {
-        family: load_policy(ModelConfig(name="tiny", tiny=TinyModelConfig(family=family)))
-        for family in ("llama", "qwen2")
-    }
 
 
 @pytest.fixture(scope="module")

@@ -5,22 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmnode.config import ModelConfig, TinyModelConfig
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs, head_logprobs
 from swarmnode.learn.precision import autocast_dtype
-from swarmnode.policy import Policy, load_policy
 from swarmnode.prompts import encode_prompt
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def policies() -> dict[str, Policy]:
-    return {
-        family: load_policy(ModelConfig(name="tiny", tiny=TinyModelConfig(family=family)))
-        for family in ("llama", "qwen2")
-    }
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -6,6 +6,7 @@ Shared 1x3 example (used by the none/tis/icepop/remix tests), probabilities per 
 """
 
 import math
+from dataclasses import astuple
 
 import pytest
 import torch
@@ -63,11 +64,11 @@ def test_none_is_ratio_one():
     assert terms.loss.item() == pytest.approx(-1.0)
     assert grad.flatten().tolist() == pytest.approx([-1 / 3] * 3)
     # diagnostics still describe the data: r = (10, 1.25, 0.25)
-    assert c.stats["ratio_mean"] == pytest.approx(11.5 / 3)  # (10 + 1.25 + 0.25) / 3
-    assert c.stats["ratio_max"] == pytest.approx(10.0)
-    assert c.stats["ess"] == pytest.approx(1.0)
+    assert c.stats.ratio_mean == pytest.approx(11.5 / 3)  # (10 + 1.25 + 0.25) / 3
+    assert c.stats.ratio_max == pytest.approx(10.0)
+    assert c.stats.ess == pytest.approx(1.0)
     # k1 = mean(log mu - log pi_old) = (ln 0.1 + ln 0.8 + ln 4) / 3 = ln(0.32) / 3
-    assert c.stats["kl_k1"] == pytest.approx(LN(0.32) / 3)
+    assert c.stats.kl_k1 == pytest.approx(LN(0.32) / 3)
 
 
 def test_tis_truncates_at_cap():
@@ -78,11 +79,11 @@ def test_tis_truncates_at_cap():
     assert c.mask.all()
     assert terms.loss.item() == pytest.approx(-3.5 / 3)
     assert grad.flatten().tolist() == pytest.approx([-2 / 3, -1.25 / 3, -0.25 / 3])
-    assert c.stats["clip_frac"] == pytest.approx(1 / 3)  # only r = 10 exceeds C = 2
-    assert c.stats["weight_mean"] == pytest.approx(3.5 / 3)
-    assert c.stats["weight_max"] == pytest.approx(2.0)
+    assert c.stats.clip_frac == pytest.approx(1 / 3)  # only r = 10 exceeds C = 2
+    assert c.stats.weight_mean == pytest.approx(3.5 / 3)
+    assert c.stats.weight_max == pytest.approx(2.0)
     # ESS = 3.5^2 / (3 * (4 + 1.5625 + 0.0625)) = 12.25 / 16.875
-    assert c.stats["ess"] == pytest.approx(12.25 / 16.875)
+    assert c.stats.ess == pytest.approx(12.25 / 16.875)
     assert tis_weight(torch.tensor([10.0, 1.25, 0.25]), cap=5.0).tolist() == [5.0, 1.25, 0.25]
 
 
@@ -97,9 +98,9 @@ def test_icepop_masks_loss_and_denominator():
     assert terms.loss.item() == pytest.approx(-1.25)
     assert terms.tokens == 1
     assert grad.flatten().tolist() == pytest.approx([0.0, -1.25, 0.0])
-    assert c.stats["mask_frac"] == pytest.approx(2 / 3)
-    assert c.stats["kept_tokens"] == 1.0
-    assert c.stats["ess"] == pytest.approx(1.0)
+    assert c.stats.mask_frac == pytest.approx(2 / 3)
+    assert c.stats.kept_tokens == 1.0
+    assert c.stats.ess == pytest.approx(1.0)
     # bounds are inclusive
     assert icepop_keep(torch.tensor([0.5, 5.0, 0.49, 5.01])).tolist() == [True, True, False, False]
 
@@ -113,7 +114,7 @@ def test_remix_centres_window_on_old_over_behaviour():
     assert terms.loss.item() == pytest.approx(-11.5 / 3)
     assert grad.flatten().tolist() == pytest.approx([-10 / 3, -1.25 / 3, -0.25 / 3])
     assert (terms.clipped_low, terms.clipped_high) == (0, 0)
-    assert c.stats["weight_max"] == pytest.approx(10.0)
+    assert c.stats.weight_max == pytest.approx(10.0)
 
 
 def test_luffy_shapes_tokens_without_behaviour_only():
@@ -133,9 +134,9 @@ def test_luffy_shapes_tokens_without_behaviour_only():
     #   0.1*0.1/0.04 = 0.25 -> 0.0625; 0.4*0.1/0.25 = 0.16 -> 0.04
     assert grad.flatten().tolist() == pytest.approx([-0.25, -0.25, 0.0625, 0.04])
     # diagnostics: effective weights (1, 1, 0.25, 0.16); ESS = 2.41^2 / (4 * 2.0881)
-    assert c.stats["weight_max"] == pytest.approx(1.0)
-    assert c.stats["behaviour_frac"] == pytest.approx(0.5)
-    assert c.stats["ess"] == pytest.approx(2.41**2 / (4 * 2.0881))
+    assert c.stats.weight_max == pytest.approx(1.0)
+    assert c.stats.behaviour_frac == pytest.approx(0.5)
+    assert c.stats.ess == pytest.approx(2.41**2 / (4 * 2.0881))
 
 
 def test_icepop_denominator_across_microbatches():
@@ -261,8 +262,8 @@ def test_on_policy_every_mode_is_plain_grpo(mode):
     assert terms.loss.item() == pytest.approx(expected.loss.item(), abs=1e-12)
     assert torch.allclose(grad, ref.grad, atol=1e-12)
     assert terms.tokens == expected.tokens
-    assert c.stats["ess"] == pytest.approx(1.0)
-    assert c.stats["kl_k1"] == pytest.approx(0.0)
+    assert c.stats.ess == pytest.approx(1.0)
+    assert c.stats.kl_k1 == pytest.approx(0.0)
 
 
 def test_luffy_equals_grpo_with_shaping_weight():
@@ -296,7 +297,7 @@ def test_tokens_without_behaviour_are_plain_grpo():
         c, terms, grad = _run(mode, logp, old, junk, has, mask, torch.tensor([1.0]))
         assert terms.loss.item() == pytest.approx(ref.loss.item())
         assert torch.allclose(grad, ref_grad)
-        assert c.stats["behaviour_frac"] == 0.0
+        assert c.stats.behaviour_frac == 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -364,11 +365,11 @@ def test_untrusted_values_only_truncated_or_masked():
     ones = torch.ones(1, 4, dtype=torch.bool)
     tis = correction_for("tis", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
     assert tis.token_weight.flatten().tolist() == pytest.approx([1.0, 0.5, 0.5, 2.0])  # truncated at C
-    assert tis.stats["weight_max"] <= 2.0
+    assert tis.stats.weight_max <= 2.0
     ice = correction_for("icepop", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
     assert ice.mask.tolist() == [[True, True, True, False]]  # 0.5 e^20 > beta: masked out
-    assert all(math.isfinite(v) for v in tis.stats.values())
-    assert all(math.isfinite(v) for v in ice.stats.values())
+    assert all(math.isfinite(v) for v in astuple(tis.stats))
+    assert all(math.isfinite(v) for v in astuple(ice.stats))
 
 
 def test_unknown_mode_and_shape_mismatch_raise():

@@ -20,7 +20,7 @@ def test_nan_behaviour_logprob_is_neutral_not_the_largest_weight() -> None:
     ones = torch.ones(1, 3, dtype=torch.bool)
     tis = correction_for("tis", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
     assert tis.token_weight.flatten().tolist() == pytest.approx([1.0, 1.0, 2.0])
-    assert tis.stats["behaviour_frac"] == pytest.approx(2 / 3)  # the NaN token counts as having none
+    assert tis.stats.behaviour_frac == pytest.approx(2 / 3)  # the NaN token counts as having none
     ice = correction_for("icepop", old_logp=old, behaviour_logp=claimed, has_behaviour=ones, mask=ones)
     assert ice.mask.tolist() == [[True, True, True]]
 
@@ -37,4 +37,4 @@ def test_untrusted_weights_never_exceed_one(mode: str) -> None:
     weights = c.token_weight[c.mask]
     assert float(weights.max()) <= UNTRUSTED_WEIGHT_CAP == 1.0
     assert float(weights.min()) == pytest.approx(0.5 / 0.9)  # lowering its own weight is allowed
-    assert c.stats["weight_max"] <= 1.0
+    assert c.stats.weight_max <= 1.0

@@ -172,5 +172,5 @@ def test_a_round_that_trains_leaves_no_gradients_behind():
         exchange=an_informative_group,
     )
     record = run_round(ctx, 1)
-    assert record["train_tokens"] > 0 and trainer.policy_version == 1
+    assert record.train.tokens > 0 and trainer.policy_version == 1
     assert all(p.grad is None for p in policy.model.parameters())

@@ -1,11 +1,12 @@
-"""The exchange service (swarm.background): concurrent bounded pulls, back-off, size-proportional timeouts,
-holders, and a pool filled while the round loop is busy.
+"""The data plane's stages (swarm.exchange: inbox -> puller -> intake -> pool) and the service thread that
+runs them: concurrent bounded pulls, back-off, size-proportional timeouts, holders, and a pool filled
+while the round loop is busy. No ``Swarm`` façade is built: each stage is handed what it uses.
 
-The swarm, its Verifier, PeerBook, pool and the service thread are the real ones; batches are real signed
-messages of real scored reasoning-gym groups. The network under them is ``ScriptedNet``, a stand-in for
-the Transport's DHT reads and ``fetch``: it is what lets a test count pulls in flight exactly and make a
-peer silent for a precise time without a 60 s run. The same behaviours over real libp2p streams are in
-tests/integration/test_exchange_service.py.
+The stages, their Verifier, PeerBook, Roster, pool and the service thread are the real ones; batches are
+real signed messages of real scored reasoning-gym groups. The network under them is ``ScriptedNet``, a
+stand-in for the Transport's DHT records and ``fetch`` (there is no libp2p daemon in a unit test): it is
+what lets a test count pulls in flight exactly and make a peer silent for a precise time without a 60 s
+run. The same behaviours over real libp2p streams are in tests/integration/test_exchange_service.py.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import NodeConfig, SwarmConfig
-from swarmnode.errors import TransportError
+from swarmnode.config import SamplingConfig
+from swarmnode.errors import PeerError
+from swarmnode.experiment.waiting import wait_until
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange import service as background
-from swarmnode.swarm.exchange import swarm as exchange
-from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.exchange import puller
+from swarmnode.swarm.exchange import service as service_module
+from swarmnode.swarm.exchange.inbox import Candidate
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.service import ExchangeService
+from swarmnode.swarm.exchange.state import ExchangeState
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, roster_extra
 from swarmnode.swarm.net import notices
-from swarmnode.swarm.wire import codec, convert, protocol
+from swarmnode.swarm.wire import codec, convert, dht_rules, framing, limits, protocol
 from tests.helpers.verify_world import Peer
 
 
@@ -31,8 +39,8 @@ class ScriptedNet:
     """DHT records in a dict; ``fetch`` serves, stalls or fails per holder (see the module docstring)."""
 
     def __init__(self):
-        self.records: dict[str, dict[str, bytes]] = {}
-        self.payloads: dict[bytes, bytes] = {}
+        self.store: dict[str, dict[str, bytes]] = {}  # the DHT: key -> subkey -> value
+        self.served: dict[bytes, bytes] = {}  # what the authors serve, by digest
         self.behaviour: dict[str, str] = {}  # holder -> "serve" (default) / "silent" / "unreachable"
         self.serve_delay_s = 0.0
         self.read_delay_s = 0.0  # every DHT read takes this long (a loaded host's DHT)
@@ -42,15 +50,19 @@ class ScriptedNet:
         self.lock = threading.Lock()
         self.stats = {"dht_read_failed": 0, "dht_store_failed": 0}
         self.last_read_ok = self.last_write_ok = 0.0
-        self.stream_handlers: dict = {}
+        self.handlers: dict = {}
+        self.payloads = self.records = self  # offer(); put(), get_many() on the store
         self.client_mode = False
 
-    def get_many_records(self, keys, timeout_s=None):
-        time.sleep(self.read_delay_s)
-        return {k: dict(self.records[k]) for k in keys if k in self.records}
+    def serve(self, name, handler):
+        self.handlers[name] = handler
 
-    def put_record(self, key, subkey, value, ttl_s, timeout_s=None):
-        self.records.setdefault(key, {})[subkey] = value
+    def get_many(self, keys, timeout_s=None):
+        time.sleep(self.read_delay_s)
+        return {k: dict(self.store[k]) for k in keys if k in self.store}
+
+    def put(self, key, subkey, value, ttl_s, timeout_s=None):
+        self.store.setdefault(key, {})[subkey] = value
         return True
 
     def offer(self, digest, data, *, held=False):
@@ -58,7 +70,7 @@ class ScriptedNet:
             self.held.append(digest)
 
     def submit(self, job):
-        raise TransportError("closed", "no notices over the scripted network")
+        raise PeerError("closed", "no notices over the scripted network")
 
     def fetch(self, peer_id, digest, *, max_bytes, timeout_s):
         with self.lock:
@@ -69,13 +81,13 @@ class ScriptedNet:
             behaviour = self.behaviour.get(peer_id, "serve")
             if behaviour == "silent":
                 time.sleep(timeout_s)
-                raise TransportError("timeout", "silent")
+                raise PeerError("timeout", "silent")
             if behaviour == "unreachable":
-                raise TransportError("unreachable", "gone")
+                raise PeerError("unreachable", "gone")
             time.sleep(self.serve_delay_s)
-            if digest not in self.payloads:
-                raise TransportError("not_found", "not here")
-            return self.payloads[digest]
+            if digest not in self.served:
+                raise PeerError("not_found", "not here")
+            return self.served[digest]
         finally:
             with self.lock:
                 self.in_flight -= 1
@@ -100,7 +112,7 @@ class Author:
             extra=roster_extra(bank.fingerprint),
         )  # fmt: skip
         self.card_record = codec.encode_message(self.identity, swarm_id, card)
-        net.put_record(protocol.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
+        net.put(dht_rules.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -116,167 +128,158 @@ class Author:
         data = codec.encode_message(self.identity, self.swarm_id, batch)
         ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
         record = codec.encode_message(self.identity, self.swarm_id, ann)
-        self.net.payloads[ann.payload_sha256] = data
+        self.net.served[ann.payload_sha256] = data
         if announce:
-            self.net.put_record(protocol.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, 60)
+            self.net.put(dht_rules.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, 60)
         return record, data
 
 
 @pytest.fixture
 def world(tmp_path, bank, monkeypatch):
-    """A real Swarm on the scripted network, its service running; fast timers for short tests."""
-    monkeypatch.setattr(background, "PULL_TIMEOUT_BASE_S", 0.6)
-    monkeypatch.setattr(background, "BACKOFF_BASE_S", 0.8)
-    monkeypatch.setattr(background, "POLL_INTERVAL_S", 0.2)
-    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 0.2)
-    cfg = NodeConfig(swarm=SwarmConfig(share_deadline_s=5.0))
-    swarm = exchange.Swarm(
-        cfg, identity=Identity.generate(), bank=bank,
-        policy=SimpleNamespace(name="tiny", tokenizer_fingerprint="", tokenizer=range(512)),
-        identity_path=tmp_path / "identity.key", run_dir=tmp_path,
+    """The data plane's stages on the scripted network, wired by a real ExchangeService (not started);
+    fast timers for short tests."""
+    monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 0.6)
+    monkeypatch.setattr(puller, "BACKOFF_BASE_S", 0.8)
+    monkeypatch.setattr(service_module, "POLL_INTERVAL_S", 0.2)
+    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 0.2)
+    swarm_id, ttl_s = "scripted", 60.0
+    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(tmp_path))
+    verifier = Verifier(
+        bank, swarm_id, book, max_age_s=ttl_s,
+        limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
     )  # fmt: skip
-    net = ScriptedNet()
-    swarm.transport = net
-    world = SimpleNamespace(
-        swarm=swarm,
-        net=net,
-        authors=lambda n, **kw: [Author(net, swarm.swarm_id, bank, **kw) for _ in range(n)],
+    roster = Roster(
+        own_peer_id=Identity.generate().peer_id, swarm_id=swarm_id, fingerprint=bank.fingerprint, book=book,
+        ttl_s=ttl_s, lock=state.lock, changed=state.changed,
+    )  # fmt: skip
+    service = ExchangeService(
+        transport=net, swarm_id=swarm_id, roster=roster, verifier=verifier, book=book, state=state
     )
+    world = SimpleNamespace(
+        net=net, state=state, roster=roster, verifier=verifier, service=service, swarm_id=swarm_id,
+        authors=lambda n, **kw: [Author(net, swarm_id, bank, **kw) for _ in range(n)],
+    )  # fmt: skip
     yield world
-    swarm.service.stop()
+    service.stop()
 
 
-def wait_until(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
-def received(swarm) -> int:
-    with swarm.lock:
-        return swarm.counters.batches_received
+def received(world) -> int:
+    with world.state.lock:
+        return world.state.counters.batches_received
 
 
 def test_pull_timeout_is_proportional_to_the_announced_size_within_the_cap():
     base, rate, cap = (
-        background.PULL_TIMEOUT_BASE_S,
-        background.PULL_BYTES_PER_S,
-        background.PULL_TIMEOUT_MAX_S,
+        puller.PULL_TIMEOUT_BASE_S,
+        puller.PULL_BYTES_PER_S,
+        puller.PULL_TIMEOUT_MAX_S,
     )
-    assert background.pull_timeout_s(0) == base
-    assert background.pull_timeout_s(rate) == pytest.approx(base + 1.0)
-    assert background.pull_timeout_s(protocol.MAX_FRAME_BYTES) == cap < base + protocol.MAX_FRAME_BYTES / rate
+    assert puller.pull_timeout_s(0) == base
+    assert puller.pull_timeout_s(rate) == pytest.approx(base + 1.0)
+    assert puller.pull_timeout_s(limits.MAX_FRAME_BYTES) == cap < base + limits.MAX_FRAME_BYTES / rate
 
 
 def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(world):
-    n = background.MAX_PARALLEL_PULLS + 4
+    n = puller.MAX_PARALLEL_PULLS + 4
     world.net.serve_delay_s = 0.4
     authors = world.authors(n)
     sizes = {}
     for author in authors:
         _, data = author.publish()
         sizes[author.peer_id] = len(data)
-    world.swarm.service.start()
-    assert wait_until(lambda: received(world.swarm) == n, 20), world.swarm.counters
-    assert world.net.max_in_flight == background.MAX_PARALLEL_PULLS
+    world.service.start()
+    assert wait_until(lambda: received(world) == n, 20), world.state.counters
+    assert world.net.max_in_flight == puller.MAX_PARALLEL_PULLS
     assert {(peer, timeout) for peer, _, timeout in world.net.calls} == {
-        (peer, background.pull_timeout_s(size)) for peer, size in sizes.items()
+        (peer, puller.pull_timeout_s(size)) for peer, size in sizes.items()
     }
 
 
 def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again(world, monkeypatch):
-    monkeypatch.setattr(background, "PULL_TIMEOUT_BASE_S", 2.0)
+    monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 2.0)
     silent, *honest = world.authors(4)
     world.net.behaviour[silent.peer_id] = "silent"
     silent.publish()
-    world.swarm.service.start()
+    world.service.start()
     assert wait_until(lambda: len(world.net.calls) >= 1, 5)
     for author in honest:
         author.publish()
-    assert wait_until(lambda: received(world.swarm) == 3, 5)
+    assert wait_until(lambda: received(world) == 3, 5)
     silent_start, silent_timeout = world.net.calls[0][1:]
     assert time.monotonic() < silent_start + silent_timeout  # in while the silent pull still hangs
-    assert wait_until(lambda: world.swarm._settled >= {silent.peer_id}, 15)  # given up after its tries
+    assert wait_until(lambda: world.state.settled >= {silent.peer_id}, 15)  # given up after its tries
     tries = [(start, timeout) for peer, start, timeout in world.net.calls if peer == silent.peer_id]
-    assert len(tries) == background.MAX_FETCH_ATTEMPTS == 2
+    assert len(tries) == puller.MAX_FETCH_ATTEMPTS == 2
     (first, timeout), (second, _) = tries
-    assert second >= first + timeout + background.BACKOFF_BASE_S - 0.05  # not before its back-off ended
-    assert world.swarm.counters.fetch_failures == {"timeout": 2}
+    assert second >= first + timeout + puller.BACKOFF_BASE_S - 0.05  # not before its back-off ended
+    assert world.state.counters.fetch_failures == {"timeout": 2}
 
 
 def test_back_off_doubles_per_failure_up_to_its_cap(world):
-    service = world.swarm.service
+    service = world.service.puller
     pending = SimpleNamespace(attempts={})
     delays = []
     for _ in range(10):
         before = time.monotonic()
         service._failed(("a", b"d"), pending, "holder", "timeout", {})
-        delays.append(service._backoff["holder"][0] - before)
-    assert delays[0] == pytest.approx(background.BACKOFF_BASE_S, abs=0.05)
-    assert delays[1] == pytest.approx(2 * background.BACKOFF_BASE_S, abs=0.05)
-    assert max(delays) == pytest.approx(background.BACKOFF_MAX_S, abs=0.05)
+        delays.append(service.backoff["holder"][0] - before)
+    assert delays[0] == pytest.approx(puller.BACKOFF_BASE_S, abs=0.05)
+    assert delays[1] == pytest.approx(2 * puller.BACKOFF_BASE_S, abs=0.05)
+    assert max(delays) == pytest.approx(puller.BACKOFF_MAX_S, abs=0.05)
 
 
 def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
     author, holder = world.authors(2)
     world.net.behaviour[author.peer_id] = "unreachable"
     record, _ = author.publish(announce=False)  # known only from the holder's notice
-    world.swarm.service.start()
-    assert wait_until(lambda: author.peer_id in world.swarm.service.live, 5)
-    assert world.swarm.service.add_candidate(record, author.peer_id, holder.peer_id)
-    assert wait_until(lambda: received(world.swarm) == 1, 10)
-    assert world.swarm.service.pulls_by_source == {"holder": 1}
-    assert world.swarm.counters.groups_accepted > 0  # verified against the author's signature
-    digest = codec.decode_message(record, swarm_id=world.swarm.swarm_id)[0].payload_sha256
+    world.service.start()
+    assert wait_until(lambda: author.peer_id in world.roster.live, 5)
+    assert world.service.inbox.add_notice(record, author.peer_id, holder.peer_id)
+    assert wait_until(lambda: received(world) == 1, 10)
+    assert world.state.pulls_by_source == {"holder": 1}
+    assert world.state.counters.groups_accepted > 0  # verified against the author's signature
+    digest = codec.decode_message(record, swarm_id=world.swarm_id)[0].payload_sha256
     assert world.net.held == [digest]  # and now served on by this node too
 
 
-def test_a_batch_published_while_the_round_loop_is_busy_is_verified_before_the_exchange(world):
-    swarm = world.swarm
+def test_a_batch_published_while_the_round_loop_is_busy_is_pooled_before_the_exchange(world):
     (author,) = world.authors(1)
-    swarm.service.start()
-    assert wait_until(lambda: author.peer_id in swarm.service.live, 5)
-    author.publish()  # while this node is "training": nobody calls exchange
-    assert wait_until(lambda: len(swarm.pool) > 0, 5)
-    started = time.monotonic()
-    chosen = swarm.exchange(1, 0, [])
-    assert time.monotonic() - started < 1.0  # the peer had delivered already: no wait
+    world.service.start()
+    assert wait_until(lambda: author.peer_id in world.roster.live, 5)
+    author.publish()  # while this node is "training": nobody takes from the pool
+    assert wait_until(lambda: world.state.pool.can_fill(1, since_round=0), 5)
+    assert world.state.settled == {author.peer_id}  # a round would not wait for it
+    chosen = world.state.pool.select(4)
     assert chosen and all(g.provenance.producer == author.peer_id for g in chosen)
 
 
 def test_pending_batches_and_back_offs_stay_bounded(world, monkeypatch):
-    monkeypatch.setattr(background, "MAX_PENDING", 3)
-    monkeypatch.setattr(background, "MAX_BACKOFF_PEERS", 5)
-    service = world.swarm.service
+    monkeypatch.setattr(puller, "MAX_PENDING", 3)
+    monkeypatch.setattr(puller, "MAX_BACKOFF_PEERS", 5)
+    service = world.service.puller
     authors = world.authors(6)
     for author in authors:
         record, _ = author.publish(announce=False)
-        with world.swarm.lock:
-            world.swarm.roster[author.peer_id] = None  # known peers (cards are not read here)
-        service._consider(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0)
-    assert len(service._pending) == len(service._by_record) == 3
+        service.consider(Candidate(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0))
+    assert len(service.pending) == len(service._by_record) == 3
     for i in range(20):
         service._failed(("a", b"d"), SimpleNamespace(attempts={}), f"holder{i}", "timeout", {})
-    assert len(service._backoff) == 5
+    assert len(service.backoff) == 5
 
 
 def test_a_notice_from_a_peer_that_just_joined_waits_for_one_roster_read(world, monkeypatch):
     """The author's card went into the DHT after our last roster read: its notice is parked, the roster
     read at once, and the batch pulled; a notice whose author has no card is dropped as unknown_author."""
-    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 30.0)
-    swarm = world.swarm
-    swarm.service.start()
-    assert wait_until(lambda: swarm.service.roster_reads >= 1, 5)
+    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 30.0)
+    world.service.start()
+    assert wait_until(lambda: world.roster.reads >= 1, 5)
     (author,) = world.authors(1)  # its card is stored now
     record, _ = author.publish(announce=False)
-    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
-    assert wait_until(lambda: received(swarm) == 1, 5)
+    assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    assert wait_until(lambda: received(world) == 1, 5)
     stranger = Identity.generate().peer_id
-    assert swarm.service.add_candidate(record, stranger, stranger)
-    assert wait_until(lambda: swarm.service.notices.snapshot().get("unknown_author") == 1, 5)
+    assert world.service.inbox.add_notice(record, stranger, stranger)
+    assert wait_until(lambda: world.service.notices.snapshot().get("unknown_author") == 1, 5)
 
 
 def test_a_roster_read_that_times_out_does_not_make_known_peers_vanish(world):
@@ -284,25 +287,24 @@ def test_a_roster_read_that_times_out_does_not_make_known_peers_vanish(world):
     became empty, and exchanges stopped waiting for anyone (and a late joiner waited out its whole
     wait_for_peers_s)."""
     authors = world.authors(3)
-    assert world.swarm._live_peers() == {a.peer_id for a in authors}
-    saved, world.net.records = world.net.records, {}  # the next read answers nothing, as a timed-out one
-    assert world.swarm._live_peers() == {a.peer_id for a in authors}
-    world.net.records = saved
+    assert world.service.refresh_roster() == {a.peer_id for a in authors}
+    saved, world.net.store = world.net.store, {}  # the next read answers nothing, as a timed-out one
+    assert world.service.refresh_roster() == {a.peer_id for a in authors}
+    world.net.store = saved
 
 
 def test_a_slow_dht_read_holds_up_neither_notices_nor_pulls(world):
     """DHT reads run on their own thread: while one takes seconds (a loaded host), a notice is checked
     and its batch pulled and verified at once."""
-    swarm = world.swarm
     (author,) = world.authors(1)
-    swarm.service.start()
-    assert wait_until(lambda: author.peer_id in swarm.service.live, 5)
+    world.service.start()
+    assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     world.net.read_delay_s = 3.0
     time.sleep(0.5)  # a roster read or a poll is under way now, and the next one too
     record, _ = author.publish(announce=False)
     started = time.monotonic()
-    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
-    assert wait_until(lambda: received(swarm) == 1, 5)
+    assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    assert wait_until(lambda: received(world) == 1, 5)
     assert time.monotonic() - started < 1.5  # not behind a 3 s read
     world.net.read_delay_s = 0.0
 
@@ -311,75 +313,72 @@ def test_a_peer_whose_announcements_arrive_stays_live_while_its_card_ages(world)
     """Liveness does not hang on roster reads: an announcement signed by the peer (checked) counts as a
     sign of life, like a fresh card. Its card alone (40 s old, past half the 60 s record lifetime) would
     not make it live, and without a card nobody is live, whatever it announces."""
-    swarm = world.swarm
     (author,) = world.authors(1, card_age_s=40.0)
-    assert swarm._live_peers() == set()
+    assert world.service.refresh_roster() == set()
     record, _ = author.publish(announce=False)
-    swarm.service._consider(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0)
-    assert swarm._live_peers() == {author.peer_id}
-    world.net.records.clear()  # its card gone from the DHT: still held, still live by its announcement
-    assert swarm._live_peers() == {author.peer_id}
+    world.service.puller.consider(Candidate(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0))
+    assert world.service.refresh_roster() == {author.peer_id}
+    world.net.store.clear()  # its card gone from the DHT: still held, still live by its announcement
+    assert world.service.refresh_roster() == {author.peer_id}
     stranger = Identity.generate().peer_id
-    swarm.heard_from(stranger, time.time())
-    assert swarm._live_peers() == {author.peer_id}
+    world.roster.heard_from(stranger, time.time())
+    assert world.service.refresh_roster() == {author.peer_id}
 
 
 def test_a_notice_is_pulled_while_earlier_batches_are_still_being_verified(world, monkeypatch):
     """Verification takes CPU (tenths of a second a batch on a busy host); pulls wait on the network. A
     batch announced while others are being verified is pulled at once, not after all of them (at 16
     nodes on 2 cores that queue was most of the delivery time)."""
-    swarm = world.swarm
-    verify = swarm.verifier.check_batch
+    verify = world.verifier.check_batch
 
     def slow_verify(*args, **kwargs):  # the real verification, on a host that makes it take 0.3 s
         time.sleep(0.3)
         return verify(*args, **kwargs)
 
-    monkeypatch.setattr(swarm.verifier, "check_batch", slow_verify)
+    monkeypatch.setattr(world.verifier, "check_batch", slow_verify)
     *early, late = world.authors(6)
     for author in early:  # noticed before the service runs: all five pulled at once, done together
         record, _ = author.publish(announce=False)
-        assert swarm.service.add_candidate(record, author.peer_id, author.peer_id)
-    swarm.service.start()
-    assert wait_until(lambda: received(swarm) >= 1, 5)  # verifying: four more wait, 1.2 s of work
+        assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    world.service.start()
+    assert wait_until(lambda: received(world) >= 1, 5)  # verifying: four more wait, 1.2 s of work
     record, _ = late.publish(announce=False)
     noticed = time.monotonic()
-    assert swarm.service.add_candidate(record, late.peer_id, late.peer_id)
+    assert world.service.inbox.add_notice(record, late.peer_id, late.peer_id)
     assert wait_until(lambda: any(peer == late.peer_id for peer, _, _ in world.net.calls), 5)
     pulled_after = next(start for peer, start, _ in world.net.calls if peer == late.peer_id) - noticed
     assert pulled_after < 0.7, pulled_after  # within about one verification, not behind all four
-    assert wait_until(lambda: received(swarm) == 6, 10)
+    assert wait_until(lambda: received(world) == 6, 10)
 
 
 def test_a_notice_that_carries_its_authors_card_needs_no_roster_read(world, monkeypatch):
     """At 32 nodes on 2 cores roster reads kept timing out and notices from authors not yet read were
     dropped (unknown_author). The author's card comes with its notice and is checked like one read from
     the DHT: a valid one admits the author at once; another peer's card admits nobody."""
-    monkeypatch.setattr(background, "ROSTER_REFRESH_S", 30.0)
-    swarm = world.swarm
+    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 30.0)
     author, impostor = world.authors(2)
-    world.net.records.clear()  # no roster read will ever show them
-    swarm.service.start()
-    assert wait_until(lambda: swarm.service.roster_reads >= 1, 5)
+    world.net.store.clear()  # no roster read will ever show them
+    world.service.start()
+    assert wait_until(lambda: world.roster.reads >= 1, 5)
     record, _ = author.publish(announce=False)
-    assert swarm.service.add_candidate(record, author.peer_id, author.peer_id, author.card_record)
-    assert wait_until(lambda: received(swarm) == 1, 5)
-    assert author.peer_id in swarm.roster
+    assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id, author.card_record)
+    assert wait_until(lambda: received(world) == 1, 5)
+    assert author.peer_id in world.roster.cards
     record, _ = impostor.publish(announce=False)
-    assert swarm.service.add_candidate(record, impostor.peer_id, impostor.peer_id, author.card_record)
-    assert wait_until(lambda: swarm.service.notices.snapshot().get("unknown_author") == 1, 10)
-    assert impostor.peer_id not in swarm.roster and received(swarm) == 1
-    assert swarm.counters.roster_refused == {"wrong_sender": 1}  # a card signed by another peer
+    assert world.service.inbox.add_notice(record, impostor.peer_id, impostor.peer_id, author.card_record)
+    assert wait_until(lambda: world.service.notices.snapshot().get("unknown_author") == 1, 10)
+    assert impostor.peer_id not in world.roster.cards and received(world) == 1
+    assert world.roster.refused == {"wrong_sender": 1}  # a card signed by another peer
 
 
 def test_notice_frames_carry_a_card_or_none_and_bad_lengths_are_malformed():
     record, card = b"a" * 100, b"c" * 50
     for sent in (b"", card):
         frame = notices.encode_notice("12D3KooWauthor", record, sent)
-        assert notices.parse_notice(frame[protocol.FRAME_HEADER_BYTES :]) == ("12D3KooWauthor", record, sent)
-    body = notices.encode_notice("12D3KooWauthor", record)[protocol.FRAME_HEADER_BYTES :]
+        assert notices.parse_notice(frame[framing.FRAME_HEADER_BYTES :]) == ("12D3KooWauthor", record, sent)
+    body = notices.encode_notice("12D3KooWauthor", record)[framing.FRAME_HEADER_BYTES :]
     too_long = body[:15] + (101).to_bytes(2, "big") + body[17:]  # a record length past the body
-    oversized_card = body + b"c" * (protocol.MAX_RECORD_BYTES + 1)
+    oversized_card = body + b"c" * (limits.MAX_RECORD_BYTES + 1)
     for bad in (body[:16], too_long, body[:15] + b"\0\0" + body[17:], oversized_card):
-        with pytest.raises(protocol.ProtocolError):
+        with pytest.raises(limits.ProtocolError):
             notices.parse_notice(bad)

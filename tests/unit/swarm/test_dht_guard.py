@@ -11,7 +11,7 @@ from hivemind.utils.timed_storage import get_dht_time
 
 from swarmnode.swarm.net import dht_guard
 from swarmnode.swarm.net.dht_guard import MAX_KEYS_PER_PEER, MAX_STORED_RECORDS, BoundedStorage
-from swarmnode.swarm.wire.protocol import MAX_SUBKEYS_PER_KEY
+from swarmnode.swarm.wire.dht_rules import MAX_SUBKEYS_PER_KEY
 
 
 def _key(i: int) -> DHTID:

@@ -27,7 +27,7 @@ def test_held_payloads_never_evict_our_own_latest_batch():
     server.offer(b"\x01" * 32, b"own latest")
     for i in range(10):
         server.offer(bytes([0x10 + i]) * 32, b"held", held=True)
-    assert server._local_payload(b"\x01" * 32, 100) == b"own latest"
+    assert server.local_payload(b"\x01" * 32, 100) == b"own latest"
     assert len(server._payloads) == 3 and len(_held(server)) == 2
 
 
@@ -38,7 +38,7 @@ def test_held_payloads_stay_under_their_byte_bound(monkeypatch):
     for i in range(5):
         server.offer(bytes([0x10 + i]) * 32, b"four", held=True)
     assert sum(server._held.values()) <= 10 and len(_held(server)) == 2
-    assert server._local_payload(b"\x01" * 32, 100) == b"own" * 10
+    assert server.local_payload(b"\x01" * 32, 100) == b"own" * 10
 
 
 def test_a_held_offer_of_our_own_digest_keeps_it_ours():
@@ -47,4 +47,4 @@ def test_a_held_offer_of_our_own_digest_keeps_it_ours():
     server.offer(b"\x01" * 32, b"own", held=True)
     server.offer(b"\x02" * 32, b"held", held=True)
     server.offer(b"\x03" * 32, b"held", held=True)
-    assert server._local_payload(b"\x01" * 32, 100) == b"own"
+    assert server.local_payload(b"\x01" * 32, 100) == b"own"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarmnode.identity import Identity
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, limits, protocol
 
 
 def _card(identity: Identity, **changes) -> protocol.RosterCard:
@@ -19,9 +19,9 @@ def _card(identity: Identity, **changes) -> protocol.RosterCard:
 def test_an_offline_card_round_trips_and_an_online_one_does_not_carry_the_field():
     identity = Identity.generate()
     online = _card(identity)
-    assert protocol.OFFLINE_FIELD not in online.to_body()
+    assert limits.OFFLINE_FIELD not in online.to_body()
     data = codec.encode_message(identity, "s", _card(identity, offline=True))
-    card, _ = codec.decode_message(data, swarm_id="s", expected_type=protocol.ROSTER_CARD)
+    card, _ = codec.decode_message(data, swarm_id="s", expected_type=limits.ROSTER_CARD)
     assert card.offline is True and card.extra == {}
     assert codec.encode_message(identity, "s", card) == data
 
@@ -30,10 +30,10 @@ def test_an_offline_card_round_trips_and_an_online_one_does_not_carry_the_field(
 def test_an_offline_field_other_than_true_is_rejected(value):
     """Not a boolean; or false, which is never written (absent means online): one encoding per card."""
     identity = Identity.generate()
-    body = {**_card(identity).to_body(), protocol.OFFLINE_FIELD: value}
+    body = {**_card(identity).to_body(), limits.OFFLINE_FIELD: value}
     body_bytes = codec.canonical_packb(body)
-    signature = identity.sign(codec.signing_bytes(protocol.ROSTER_CARD, "s", body_bytes))
-    data = codec.pack_envelope(protocol.ROSTER_CARD, body_bytes, identity.public_key, signature)
-    with pytest.raises(protocol.ProtocolError) as caught:
-        codec.decode_message(data, swarm_id="s", expected_type=protocol.ROSTER_CARD)
+    signature = identity.sign(codec.signing_bytes(limits.ROSTER_CARD, "s", body_bytes))
+    data = codec.pack_envelope(limits.ROSTER_CARD, body_bytes, identity.public_key, signature)
+    with pytest.raises(limits.ProtocolError) as caught:
+        codec.decode_message(data, swarm_id="s", expected_type=limits.ROSTER_CARD)
     assert caught.value.reason == "bad_field"

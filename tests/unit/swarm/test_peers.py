@@ -6,7 +6,7 @@ import pytest
 
 from swarmnode.swarm.exchange.peers import IMMEDIATE_BAN_REASONS, MiB, PeerBook
 from swarmnode.swarm.exchange.verify import VERIFY_REASONS
-from swarmnode.swarm.wire.protocol import MAX_FRAME_BYTES, REJECT_REASONS, ProtocolError
+from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, REJECT_REASONS, ProtocolError
 
 
 class FakeClock:

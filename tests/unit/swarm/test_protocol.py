@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm.wire import codec, convert, protocol
+from swarmnode.swarm.wire import codec, convert, framing, limits, protocol
 from swarmnode.swarm.wire import dht_rules as dht
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,9 +80,9 @@ def batch(
 
 def reject_reason(data: bytes, **kwargs) -> str:
     kwargs.setdefault("swarm_id", SWARM)
-    with pytest.raises(protocol.ProtocolError) as info:
+    with pytest.raises(limits.ProtocolError) as info:
         codec.decode_message(data, **kwargs)
-    assert info.value.reason in protocol.REJECT_REASONS
+    assert info.value.reason in limits.REJECT_REASONS
     return info.value.reason
 
 
@@ -97,7 +97,7 @@ def test_record_vectors_cover_every_storage_rule():
 def test_vectors_exist_and_cover_every_decoder_reason():
     assert len(VECTOR_FILES) >= 30
     verdicts = {json.loads(p.read_text())["verdict"] for p in VECTOR_FILES}
-    decoder_reasons = set(protocol.REJECT_REASONS) - {"stale", "replay", "hash_mismatch"}
+    decoder_reasons = set(limits.REJECT_REASONS) - {"stale", "replay", "hash_mismatch"}
     assert decoder_reasons <= verdicts, decoder_reasons - verdicts  # every decoder reason has a vector
     assert "accept" in verdicts
 
@@ -109,11 +109,11 @@ def test_vector(path):
     data = bytes.fromhex(v["hex"])
     if v["kind"] == "frame_header":
         if v["verdict"] == "accept":
-            assert protocol.parse_frame_header(data) == v["length"]
-            assert protocol.encode_frame_header(v["length"]) == data
+            assert framing.parse_frame_header(data) == v["length"]
+            assert framing.encode_frame_header(v["length"]) == data
         else:
-            with pytest.raises(protocol.ProtocolError) as info:
-                protocol.parse_frame_header(data)
+            with pytest.raises(limits.ProtocolError) as info:
+                framing.parse_frame_header(data)
             assert info.value.reason == v["verdict"]
         return
     if v["kind"] == "dht_record":  # PROTOCOL.md section 8: what a storing node keeps
@@ -169,26 +169,24 @@ def test_announcement_and_payload_check():
     data = codec.encode_message(ME, SWARM, b)
     ann = protocol.announcement_for(b, data, timestamp=b.timestamp, seq=11)
     ann_bytes = codec.encode_message(ME, SWARM, ann)
-    assert len(ann_bytes) <= protocol.MAX_RECORD_BYTES
-    decoded_ann, _ = codec.decode_message(
-        ann_bytes, swarm_id=SWARM, expected_type=protocol.BATCH_ANNOUNCEMENT
-    )
+    assert len(ann_bytes) <= limits.MAX_RECORD_BYTES
+    decoded_ann, _ = codec.decode_message(ann_bytes, swarm_id=SWARM, expected_type=limits.BATCH_ANNOUNCEMENT)
     assert codec.check_payload(decoded_ann, data, swarm_id=SWARM) == b
-    with pytest.raises(protocol.ProtocolError, match="hash_mismatch"):
+    with pytest.raises(limits.ProtocolError, match="hash_mismatch"):
         codec.check_payload(decoded_ann, data[:-1] + bytes([data[-1] ^ 1]), swarm_id=SWARM)
     # a correctly hashed payload that disagrees with its own announcement
     other = replace(b, round=6)
     other_bytes = codec.encode_message(ME, SWARM, other)
     lying = replace(
-        decoded_ann, payload_sha256=protocol.payload_digest(other_bytes), payload_len=len(other_bytes)
+        decoded_ann, payload_sha256=limits.payload_digest(other_bytes), payload_len=len(other_bytes)
     )
-    with pytest.raises(protocol.ProtocolError) as info:
+    with pytest.raises(limits.ProtocolError) as info:
         codec.check_payload(lying, other_bytes, swarm_id=SWARM)
     assert info.value.reason == "bad_field"
     # a payload signed by someone else than the announcer
     theirs = codec.encode_message(OTHER, SWARM, replace(b, peer_id=OTHER.peer_id))
-    forwarded = replace(decoded_ann, payload_sha256=protocol.payload_digest(theirs), payload_len=len(theirs))
-    with pytest.raises(protocol.ProtocolError) as info:
+    forwarded = replace(decoded_ann, payload_sha256=limits.payload_digest(theirs), payload_len=len(theirs))
+    with pytest.raises(limits.ProtocolError) as info:
         codec.check_payload(forwarded, theirs, swarm_id=SWARM)
     assert info.value.reason == "wrong_sender"
 
@@ -266,23 +264,21 @@ def test_conversions_from_and_to_rollout_types():
 
 
 def test_encoder_refuses_what_peers_would_reject():
-    with pytest.raises(protocol.ProtocolError) as info:
-        codec.encode_message(ME, SWARM, batch(n_groups=protocol.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
+    with pytest.raises(limits.ProtocolError) as info:
+        codec.encode_message(ME, SWARM, batch(n_groups=limits.MAX_GROUPS_PER_BATCH + 1, n_completions=1))
     assert info.value.reason == "over_limit"
-    with pytest.raises(protocol.ProtocolError) as info:
-        codec.encode_message(
-            ME, SWARM, batch(n_groups=1, text="x" * (protocol.MAX_COMPLETION_TEXT_BYTES + 1))
-        )
+    with pytest.raises(limits.ProtocolError) as info:
+        codec.encode_message(ME, SWARM, batch(n_groups=1, text="x" * (limits.MAX_COMPLETION_TEXT_BYTES + 1)))
     assert info.value.reason == "over_limit"
-    with pytest.raises(protocol.ProtocolError) as info:  # every field within limits, the whole over 4 MiB
+    with pytest.raises(limits.ProtocolError) as info:  # every field within limits, the whole over 4 MiB
         codec.encode_message(
-            ME, SWARM, batch(n_groups=6, n_completions=64, text="y" * protocol.MAX_COMPLETION_TEXT_BYTES)
+            ME, SWARM, batch(n_groups=6, n_completions=64, text="y" * limits.MAX_COMPLETION_TEXT_BYTES)
         )
     assert info.value.reason == "oversize"
-    with pytest.raises(protocol.ProtocolError) as info:
+    with pytest.raises(limits.ProtocolError) as info:
         codec.encode_message(ME, SWARM, card(addrs=("not-a-multiaddr",)))
     assert info.value.reason == "bad_field"
-    with pytest.raises(protocol.ProtocolError) as info:
+    with pytest.raises(limits.ProtocolError) as info:
         codec.encode_message(ME, SWARM, card(timestamp=math.inf))
     assert info.value.reason == "bad_field"
     with pytest.raises(ValueError):
@@ -294,18 +290,18 @@ def test_encoder_refuses_what_peers_would_reject():
 def test_largest_legal_roster_card_fits_a_dht_record():
     big = card(
         peer_id=ME.peer_id,
-        model_name="m" * protocol.MAX_NAME_BYTES,
-        tokenizer_fingerprint="f" * protocol.MAX_FINGERPRINT_CHARS,
-        addrs=tuple("/" + "a" * (protocol.MAX_ADDR_BYTES - 1) for _ in range(protocol.MAX_ADDRS)),
-        swarm_id="s" * protocol.MAX_SWARM_ID_BYTES,
+        model_name="m" * limits.MAX_NAME_BYTES,
+        tokenizer_fingerprint="f" * limits.MAX_FINGERPRINT_CHARS,
+        addrs=tuple("/" + "a" * (limits.MAX_ADDR_BYTES - 1) for _ in range(limits.MAX_ADDRS)),
+        swarm_id="s" * limits.MAX_SWARM_ID_BYTES,
         policy_version=2**63 - 1,
         round=2**63 - 1,
         seq=2**63 - 1,
     )
-    assert len(codec.encode_message(ME, "s" * protocol.MAX_SWARM_ID_BYTES, big)) <= protocol.MAX_RECORD_BYTES
+    assert len(codec.encode_message(ME, "s" * limits.MAX_SWARM_ID_BYTES, big)) <= limits.MAX_RECORD_BYTES
 
 
-def signed(body: dict, msg_type: str = protocol.ROSTER_CARD, identity: Identity = ME) -> bytes:
+def signed(body: dict, msg_type: str = limits.ROSTER_CARD, identity: Identity = ME) -> bytes:
     """Sign any body, valid or not, as its peer would."""
     body_bytes = codec.canonical_packb(body)
     swarm = body["swarm_id"] if isinstance(body.get("swarm_id"), str) else SWARM
@@ -324,10 +320,10 @@ def signed(body: dict, msg_type: str = protocol.ROSTER_CARD, identity: Identity 
         ("timestamp", -1.0, "bad_field"),
         ("model_name", "", "bad_field"),
         ("model_name", "a\nb", "bad_field"),
-        ("model_name", "m" * (protocol.MAX_NAME_BYTES + 1), "over_limit"),
+        ("model_name", "m" * (limits.MAX_NAME_BYTES + 1), "over_limit"),
         ("tokenizer_fingerprint", "ABCD", "bad_field"),
         ("addrs", "/ip4/1.2.3.4", "bad_field"),
-        ("addrs", ["/x"] * (protocol.MAX_ADDRS + 1), "over_limit"),
+        ("addrs", ["/x"] * (limits.MAX_ADDRS + 1), "over_limit"),
         ("addrs", ["/has space"], "bad_field"),
         ("protocol_version", 0, "bad_field"),
         ("swarm_id", 5, "bad_field"),
@@ -349,7 +345,7 @@ def test_roster_field_checks(field, value, reason):
         (lambda b: b["groups"][0]["claimed_rewards"].__setitem__(0, 1), "bad_field"),
         (
             lambda b: b["groups"][0]["completions"][0].__setitem__(
-                "n_tokens", protocol.MAX_COMPLETION_TOKENS + 1
+                "n_tokens", limits.MAX_COMPLETION_TOKENS + 1
             ),
             "over_limit",
         ),
@@ -368,7 +364,7 @@ def test_roster_field_checks(field, value, reason):
         (lambda b: b["groups"][0]["task"]["config"].__setitem__("x", [[[["deep"]]]]), "over_limit"),
         (
             lambda b: b["groups"][0]["task"]["config"].__setitem__(
-                "x", list(range(protocol.MAX_CONFIG_LIST + 1))
+                "x", list(range(limits.MAX_CONFIG_LIST + 1))
             ),
             "over_limit",
         ),
@@ -379,17 +375,17 @@ def test_roster_field_checks(field, value, reason):
 def test_batch_field_checks(mutate, reason):
     body = batch().to_body()
     mutate(body)
-    assert reject_reason(signed(body, protocol.ROLLOUT_BATCH)) == reason
+    assert reject_reason(signed(body, limits.ROLLOUT_BATCH)) == reason
 
 
 def test_decoder_hard_limits_are_malformed():
     deep: list = []
-    for _ in range(protocol.MAX_NESTING + 2):
+    for _ in range(limits.MAX_NESTING + 2):
         deep = [deep]
     body = card(extra={"deep": deep}).to_body()
-    env = {"b": body, "k": ME.public_key, "s": bytes(64), "t": protocol.ROSTER_CARD, "v": 1}
+    env = {"b": body, "k": ME.public_key, "s": bytes(64), "t": limits.ROSTER_CARD, "v": 1}
     assert reject_reason(msgpack.packb(env, use_bin_type=True)) == "malformed"
-    nested = msgpack.packb({"v": 1, "b": [[]] * (protocol.UNPACK_MAX_ARRAY_LEN + 1)})
+    nested = msgpack.packb({"v": 1, "b": [[]] * (limits.UNPACK_MAX_ARRAY_LEN + 1)})
     assert reject_reason(nested) == "malformed"
     many = msgpack.packb({"v": 1, "x": [[[]] * 1000] * 17})  # 17 001 containers
     assert reject_reason(many) == "malformed"
@@ -399,56 +395,56 @@ def test_decoder_hard_limits_are_malformed():
 
 
 def test_stream_framing():
-    assert protocol.encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
-    assert protocol.parse_frame_header(b"\x00\x00\x00\x03") == 3
+    assert framing.encode_frame(b"abc") == b"\x00\x00\x00\x03abc"
+    assert framing.parse_frame_header(b"\x00\x00\x00\x03") == 3
     assert (
-        protocol.parse_frame_header(protocol.encode_frame_header(protocol.MAX_FRAME_BYTES))
-        == protocol.MAX_FRAME_BYTES
+        framing.parse_frame_header(framing.encode_frame_header(limits.MAX_FRAME_BYTES))
+        == limits.MAX_FRAME_BYTES
     )
-    with pytest.raises(protocol.ProtocolError, match="oversize"):
-        protocol.encode_frame(b"x" * (protocol.MAX_FRAME_BYTES + 1))
-    with pytest.raises(protocol.ProtocolError, match="oversize"):
-        protocol.parse_frame_header(b"\xff\xff\xff\xff")
-    with pytest.raises(protocol.ProtocolError, match="oversize"):
-        protocol.parse_frame_header(b"\x00\x00\x01\x00", max_bytes=255)
-    digest = protocol.payload_digest(b"payload")
-    assert protocol.parse_pull_request(protocol.encode_pull_request(digest)) == digest
-    with pytest.raises(protocol.ProtocolError, match="malformed"):
-        protocol.parse_pull_request(digest[:31])
+    with pytest.raises(limits.ProtocolError, match="oversize"):
+        framing.encode_frame(b"x" * (limits.MAX_FRAME_BYTES + 1))
+    with pytest.raises(limits.ProtocolError, match="oversize"):
+        framing.parse_frame_header(b"\xff\xff\xff\xff")
+    with pytest.raises(limits.ProtocolError, match="oversize"):
+        framing.parse_frame_header(b"\x00\x00\x01\x00", max_bytes=255)
+    digest = limits.payload_digest(b"payload")
+    assert framing.parse_pull_request(framing.encode_pull_request(digest)) == digest
+    with pytest.raises(limits.ProtocolError, match="malformed"):
+        framing.parse_pull_request(digest[:31])
 
 
 def test_dht_layout_and_freshness():
     peer = ME.peer_id
-    shard = protocol.roster_shard(peer)
-    assert 0 <= shard < protocol.ROSTER_SHARDS
-    assert protocol.roster_key("demo-1", peer) == f"swarmnode/demo-1/roster/{shard}"
-    assert protocol.roster_keys("demo-1") == [
-        f"swarmnode/demo-1/roster/{i}" for i in range(protocol.ROSTER_SHARDS)
+    shard = dht.roster_shard(peer)
+    assert 0 <= shard < dht.ROSTER_SHARDS
+    assert dht.roster_key("demo-1", peer) == f"swarmnode/demo-1/roster/{shard}"
+    assert dht.roster_keys("demo-1") == [
+        f"swarmnode/demo-1/roster/{i}" for i in range(dht.ROSTER_SHARDS)
     ]
-    assert protocol.announce_key("demo-1", peer) == f"swarmnode/demo-1/announce/{peer}"
-    assert protocol.roster_ttl_s(10.0) == 20.0 and protocol.announce_ttl_s(30.0) == 90.0
+    assert dht.announce_key("demo-1", peer) == f"swarmnode/demo-1/announce/{peer}"
+    assert dht.roster_ttl_s(10.0) == 20.0 and dht.announce_ttl_s(30.0) == 90.0
     for bad in ("", "has/slash", "-dash-first", "x" * 65, "spa ce"):
         with pytest.raises(ValueError, match="swarm id"):
-            protocol.roster_key(bad, peer)
+            dht.roster_key(bad, peer)
     with pytest.raises(ValueError, match="swarm id"):
-        protocol.announce_key("has/slash", peer)
-    protocol.check_fresh(100.0, now=129.0)
-    protocol.check_fresh(100.0, now=71.0)
+        dht.announce_key("has/slash", peer)
+    limits.check_fresh(100.0, now=129.0)
+    limits.check_fresh(100.0, now=71.0)
     for ts in (131.0, 69.0, math.nan, math.inf):
-        with pytest.raises(protocol.ProtocolError, match="stale"):
-            protocol.check_fresh(ts, now=100.0)
-    protocol.check_fresh(100.0, now=100.0 + 60.0 + 30.0, max_age=60.0)  # a DHT record up to its TTL old
-    with pytest.raises(protocol.ProtocolError, match="stale"):
-        protocol.check_fresh(100.0, now=100.0 + 60.0 + 31.0, max_age=60.0)
-    with pytest.raises(protocol.ProtocolError, match="stale"):
-        protocol.check_fresh(131.0, now=100.0, max_age=60.0)  # the future bound does not move
+        with pytest.raises(limits.ProtocolError, match="stale"):
+            limits.check_fresh(ts, now=100.0)
+    limits.check_fresh(100.0, now=100.0 + 60.0 + 30.0, max_age=60.0)  # a DHT record up to its TTL old
+    with pytest.raises(limits.ProtocolError, match="stale"):
+        limits.check_fresh(100.0, now=100.0 + 60.0 + 31.0, max_age=60.0)
+    with pytest.raises(limits.ProtocolError, match="stale"):
+        limits.check_fresh(131.0, now=100.0, max_age=60.0)  # the future bound does not move
 
 
 def test_protocol_error_reasons_are_metric_labels():
-    assert len(set(protocol.REJECT_REASONS)) == len(protocol.REJECT_REASONS)
-    assert all(r.replace("_", "").isalpha() and r == r.lower() for r in protocol.REJECT_REASONS)
+    assert len(set(limits.REJECT_REASONS)) == len(limits.REJECT_REASONS)
+    assert all(r.replace("_", "").isalpha() and r == r.lower() for r in limits.REJECT_REASONS)
     with pytest.raises(ValueError):
-        protocol.ProtocolError("not_a_reason")
+        limits.ProtocolError("not_a_reason")
 
 
 # --- hostile input (hypothesis) ----------------------------------------------------------------------
@@ -475,8 +471,8 @@ msgpack_values = st.recursive(
 def decode_or_reason(data: bytes) -> str:
     try:
         codec.decode_message(data, swarm_id=SWARM)
-    except protocol.ProtocolError as e:
-        assert e.reason in protocol.REJECT_REASONS
+    except limits.ProtocolError as e:
+        assert e.reason in limits.REJECT_REASONS
         return e.reason
     return "accept"
 
@@ -488,7 +484,7 @@ def test_arbitrary_bytes_only_raise_protocol_error(data):
 
 
 @FAST
-@given(msgpack_values, st.sampled_from([*protocol.MESSAGE_TYPES, "x"]), st.binary(min_size=32, max_size=32))
+@given(msgpack_values, st.sampled_from([*limits.MESSAGE_TYPES, "x"]), st.binary(min_size=32, max_size=32))
 def test_arbitrary_envelopes_only_raise_protocol_error(body, msg_type, key):
     env = {"v": 1, "t": msg_type, "b": body, "k": key, "s": bytes(64)}
     assert decode_or_reason(msgpack.packb(env, use_bin_type=True)) != "accept"

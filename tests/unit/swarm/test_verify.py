@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from swarmnode.rollouts import Provenance
 from swarmnode.swarm.exchange.verify import ALL_REASONS, VERIFY_REASONS
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, limits, protocol
 from swarmnode.tasks import TaskBank
 from tests.helpers import oracles
 from tests.helpers.verify_world import (
@@ -80,7 +80,7 @@ def test_honest_batch_is_accepted_and_rescored_locally(node: Node, honest: Peer,
         for c in group.completions:  # the peer's token ids and log-probs, unchanged
             assert c.token_ids == (3, 1, 4) and c.logprobs == (-0.5, -1.25, -0.125)
     assert node.book.reputation(HONEST.peer_id) > 0
-    assert node.verifier.already_accepted(protocol.payload_digest(data))
+    assert node.verifier.already_accepted(limits.payload_digest(data))
 
 
 def test_duplicate_record_is_ignored_and_payload_not_accepted_twice(node: Node, honest: Peer) -> None:
@@ -211,11 +211,11 @@ def test_a_batch_pulled_after_a_newer_one_of_its_author_is_still_accepted(node: 
 def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
     batch = honest.batch()
     data = codec.encode_message(HONEST, SWARM, batch)
-    old = NOW - node.verifier.max_age_s - protocol.MAX_CLOCK_SKEW_S - 1
+    old = NOW - node.verifier.max_age_s - limits.MAX_CLOCK_SKEW_S - 1
     assert (
         node.verifier.check_announcement(honest.announce(data, batch, timestamp=old), HONEST.peer_id) is None
     )
-    future = NOW + protocol.MAX_CLOCK_SKEW_S + 1
+    future = NOW + limits.MAX_CLOCK_SKEW_S + 1
     assert (
         node.verifier.check_announcement(honest.announce(data, batch, timestamp=future), HONEST.peer_id)
         is None
@@ -230,7 +230,7 @@ def test_stale_announcement_and_batch(node: Node, honest: Peer) -> None:
 def test_oversize_and_malformed_records(node: Node, honest: Peer) -> None:
     record, _ = honest.publish()
     v = node.verifier
-    assert v.check_announcement(b"\x80" * (protocol.MAX_RECORD_BYTES + 1), HONEST.peer_id) is None
+    assert v.check_announcement(b"\x80" * (limits.MAX_RECORD_BYTES + 1), HONEST.peer_id) is None
     assert v.check_announcement(b"\xc1", HONEST.peer_id) is None  # never valid msgpack
     assert v.check_announcement(record[:-3], HONEST.peer_id) is None  # truncated
     assert v.check_announcement(record + b"\x00", HONEST.peer_id) is None  # trailing bytes
@@ -393,7 +393,7 @@ def test_internal_errors_are_counted_logged_once_and_not_charged(
 
 
 def test_verify_reasons_are_new_prometheus_label_values() -> None:
-    assert not set(VERIFY_REASONS) & set(protocol.REJECT_REASONS)
+    assert not set(VERIFY_REASONS) & set(limits.REJECT_REASONS)
     assert len(set(ALL_REASONS)) == len(ALL_REASONS)
     assert all(re.fullmatch(r"[a-z][a-z_]*", r) for r in ALL_REASONS)
 
@@ -419,7 +419,7 @@ def test_random_payloads_never_raise(bank: TaskBank, data: bytes, announced: boo
         swarm_id=SWARM,
         round=1,
         policy_version=7,
-        payload_sha256=protocol.payload_digest(data) if announced else bytes(32),
+        payload_sha256=limits.payload_digest(data) if announced else bytes(32),
         payload_len=len(data),
         n_groups=1,
         timestamp=NOW,

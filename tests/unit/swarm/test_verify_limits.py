@@ -16,7 +16,7 @@ from swarmnode.errors import ConfigError
 from swarmnode.rollouts import TaskRef
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, TEXT_BYTES_PER_TOKEN, ReceiveLimits, Verifier
-from swarmnode.swarm.wire import convert, protocol
+from swarmnode.swarm.wire import convert, limits, protocol
 from swarmnode.tasks import TaskBank, answer_char_limit
 from tests.helpers.verify_world import HOSTILE, SWARM, Node, Peer, deliver, with_groups
 
@@ -111,7 +111,7 @@ def test_a_batch_of_worst_case_answers_costs_at_most_the_budget_and_strikes(
     of CPU), the batch is rejected and the sender struck."""
     node, hostile = receiver(bank, score_wall_s=60.0), Peer(HOSTILE, peer_bank)  # the CPU budget decides
     batch = _worst_case_batch(
-        hostile, peer_bank, protocol.MAX_GROUPS_PER_BATCH, protocol.MAX_COMPLETIONS_PER_GROUP
+        hostile, peer_bank, limits.MAX_GROUPS_PER_BATCH, limits.MAX_COMPLETIONS_PER_GROUP
     )
     record, data = hostile.publish(batch)
     t0 = time.thread_time()
@@ -150,11 +150,11 @@ def test_swarm_mode_accepts_only_audited_datasets() -> None:
     "sampling, field",
     [
         (
-            SamplingConfig(completions_per_question=protocol.MAX_COMPLETIONS_PER_GROUP + 1),
+            SamplingConfig(completions_per_question=limits.MAX_COMPLETIONS_PER_GROUP + 1),
             "completions_per_question",
         ),
-        (SamplingConfig(questions_per_round=protocol.MAX_GROUPS_PER_BATCH + 1), "questions_per_round"),
-        (SamplingConfig(max_new_tokens=protocol.MAX_COMPLETION_TOKENS + 1), "max_new_tokens"),
+        (SamplingConfig(questions_per_round=limits.MAX_GROUPS_PER_BATCH + 1), "questions_per_round"),
+        (SamplingConfig(max_new_tokens=limits.MAX_COMPLETION_TOKENS + 1), "max_new_tokens"),
     ],
 )
 def test_own_config_beyond_the_wire_limits_is_refused_at_start(sampling: SamplingConfig, field: str) -> None:
@@ -164,14 +164,14 @@ def test_own_config_beyond_the_wire_limits_is_refused_at_start(sampling: Samplin
 
 
 def test_limits_follow_the_receivers_own_config() -> None:
-    limits = ReceiveLimits.for_node(
+    own = ReceiveLimits.for_node(
         SamplingConfig(completions_per_question=6, max_new_tokens=32),
         tokenizer_fingerprint="ab",
         vocab_size=9,
     )
-    assert limits.completions_per_group == 6 and limits.text_bytes == 32 * TEXT_BYTES_PER_TOKEN
+    assert own.completions_per_group == 6 and own.text_bytes == 32 * TEXT_BYTES_PER_TOKEN
     big = ReceiveLimits.for_node(SamplingConfig(max_new_tokens=4096), tokenizer_fingerprint="", vocab_size=9)
-    assert big.text_bytes == protocol.MAX_COMPLETION_TEXT_BYTES
+    assert big.text_bytes == limits.MAX_COMPLETION_TEXT_BYTES
 
 
 def test_attacker_chosen_subkeys_are_logged_escaped(bank: TaskBank, caplog: pytest.LogCaptureFixture) -> None:

@@ -1,7 +1,8 @@
 """A mean with its 95% Student-t interval: what the multi-seed tables (benchmarks.sapo_table) report.
 
 Seeds are few (3-10), so the interval is Student's t with n - 1 degrees of freedom, not a normal one;
-the quantile is scipy's (in the test extra; hivemind needs it too).
+the quantile is scipy's, imported where it is computed: scipy comes with the ``test`` extra (hivemind
+needs it too), and importing this module must not need it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scipy.stats import t as student_t
-
 MAX_SEEDS_SUGGESTED = 30  # "seeds needed" beyond this is reported as "more than 30"
 
 
@@ -19,6 +18,8 @@ def t975(df: int) -> float:
     """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
     if df < 1:
         raise ValueError(f"t quantile needs df >= 1, got {df}")
+    from scipy.stats import t as student_t
+
     return float(student_t.ppf(0.975, df))
 
 

@@ -36,9 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.helpers.swarm_procs import NodeProc, read_jsonl, start_node, stop_all
-
-REPO = Path(__file__).resolve().parents[2]
+from swarmnode.experiment.processes import REPO, NodeProc, read_jsonl, start_node, stop_all
 
 KINDS = ("node", "dht", "p2pd")
 SERIES = tuple(f"{what}_{kind}" for what in ("rss", "anon", "fds") for kind in (*KINDS, "total"))

@@ -1,4 +1,4 @@
-"""What machine a benchmark or a long test ran on, and which swarmnode processes competed for it."""
+"""What machine a benchmark ran on, and which swarmnode processes competed for it (every report says so)."""
 
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
 
     python _clock_jump.py OFFSET_FILE PYTHON -m MODULE ARGS...
 
-It is a ``prefix`` for ``swarm_procs.start_node``: the test writes a number of seconds into OFFSET_FILE
-while the node runs, and the node's clock jumps by that much (as after an NTP step, or a laptop waking
-up), for this process and its hivemind DHT process (forked from it: it inherits the shifted clock and
-reads the file too). The file is re-read at most every 0.5 s.
+It is a ``prefix`` for ``processes.start_node`` (chaos's node01, test_bootstrap's skewed node): the
+caller writes a number of seconds into OFFSET_FILE while the node runs, and the node's clock jumps by
+that much (as after an NTP step, or a laptop waking up), for this process and its hivemind DHT process
+(forked from it: it inherits the shifted clock and reads the file too). The file is re-read at most
+every 0.5 s.
 
 Why a shifted ``time.time`` instead of a wrong system clock: setting the machine's clock would disturb
 every other process on it (faketime is not installed here, and time namespaces do not cover

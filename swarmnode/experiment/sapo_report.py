@@ -16,7 +16,7 @@ import re
 import statistics
 from pathlib import Path
 
-from tests.helpers.paired_stats import MAX_SEEDS_SUGGESTED, Interval, interval
+from swarmnode.experiment.stats import MAX_SEEDS_SUGGESTED, Interval, interval
 
 BEGIN = "<!-- sapo-seeds:begin (generated: python -m benchmarks.sapo_table --report-only) -->"
 END = "<!-- sapo-seeds:end -->"

@@ -37,11 +37,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swarmnode import checkpoint
-from tests.helpers.swarm_procs import NodeProc, read_jsonl, start_bootstrap, start_node, stop_all
+from swarmnode.experiment.processes import (
+    CLOCK_JUMP,
+    REPO,
+    NodeProc,
+    read_jsonl,
+    start_bootstrap,
+    start_node,
+    stop_all,
+)
+from swarmnode.experiment.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-
-CLOCK_JUMP = Path(__file__).resolve().with_name("_clock_jump.py")
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
 ROUND_RE = re.compile(r"^round\s+(\d+)\s")
 RESUMED_RE = re.compile(r"resumed from (\S+) at round (\d+)")
@@ -65,15 +71,6 @@ def _rounds_logged(node: NodeProc) -> int:
 def _checkpoint_failures(lines: list[str]) -> int:
     """The node's "checkpoint of round N failed (...)" warnings."""
     return sum("checkpoint of round" in line and "failed" in line for line in lines)
-
-
-def _wait(condition, timeout_s: float, period_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(period_s)
-    return False
 
 
 def _corrupt_newest(run_dir: Path) -> int | None:
@@ -161,7 +158,7 @@ class Chaos:
     def _until_rounds(self, name: str, total: int) -> bool:
         """Wait (bounded) until node ``name`` has logged ``total`` rounds, or has exited."""
         node = self.procs[name]
-        return _wait(lambda: _rounds_logged(node) >= total or node.proc.poll() is not None, 300)
+        return wait_until(lambda: _rounds_logged(node) >= total or node.proc.poll() is not None, 300, 0.5)
 
     def _after_rounds(self, name: str, count: int) -> bool:
         return self._until_rounds(name, _rounds_logged(self.procs[name]) + count)
@@ -189,7 +186,7 @@ class Chaos:
         name = self.rng.choice(candidates)
         victim = self.procs[name]
         logged = _rounds_logged(victim)
-        _wait(lambda: _rounds_logged(victim) > logged, 60)  # a round just ended: kill during the next one
+        wait_until(lambda: _rounds_logged(victim) > logged, 60, 0.5)  # a round ended: kill during the next
         time.sleep(self.rng.uniform(0.2, 3.0))
         if victim.proc.poll() is not None:
             return True
@@ -232,7 +229,7 @@ class Chaos:
                 filler = self._fill_disk() if self.disk_full else None
                 if filler is not None:  # freed once a checkpoint has failed on it, before its next one
                     disk_node = self.procs["node02"]
-                    _wait(
+                    wait_until(
                         lambda: _checkpoint_failures(disk_node.lines) or disk_node.proc.poll() is not None,
                         300,
                         period_s=0.05,  # tiny rounds take ~0.3 s: free it before the next checkpoint

@@ -1,0 +1,259 @@
+"""The data plane's second stage: candidates checked, new batches pending, pulls bounded in every way.
+
+A candidate's announcement is checked once (``Verifier.check_announcement``: signature, freshness, seq)
+and, if it names a batch not pulled or accepted yet, that batch becomes *pending* with the holders heard
+of: its author first, then any peer whose notice carried the author's record (at most
+MAX_HOLDERS_PER_BATCH). Pending batches are pulled concurrently, at most MAX_PARALLEL_PULLS at once, each
+from its first holder not backed off, with a timeout proportional to the announced size
+(``pull_timeout_s``). A holder whose pull timed out (or could not be reached) is backed off for
+BACKOFF_BASE_S, doubling per failure up to BACKOFF_MAX_S, so one silent peer holds one pull slot for one
+timeout and is not tried again meanwhile; each holder gets MAX_FETCH_ATTEMPTS tries per batch, then the
+next holder is tried, and a batch no holder can serve is given up (its author is then settled: not
+waited for). An oversized frame costs its sender a strike, "not found" from the author itself half of
+one (NOT_FOUND_STRIKE_WEIGHT). Pending batches are capped at MAX_PENDING (oldest dropped) and expire with
+their announcement.
+
+Threads: ``consider``, ``start_pulls`` and ``take_result`` run on the service thread; the worker pool only
+calls ``fetch`` and hands the bytes back through a queue. What arrived goes to ``on_pulled``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from swarmnode.common import BoundedSet
+from swarmnode.errors import PeerError
+from swarmnode.swarm.exchange.inbox import Candidate
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.state import ExchangeState
+from swarmnode.swarm.exchange.verify import Verifier
+from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, payload_digest
+from swarmnode.swarm.wire.protocol import BatchAnnouncement
+
+logger = logging.getLogger(__name__)
+
+MAX_PARALLEL_PULLS = 8
+PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
+PULL_BYTES_PER_S = 512 * 1024
+PULL_TIMEOUT_MAX_S = 10.0  # ... and never longer
+BACKOFF_BASE_S = 2.0  # a holder whose pull timed out is not tried again for this long, doubling ...
+BACKOFF_MAX_S = 60.0  # ... per consecutive failure up to this
+MAX_BACKOFF_PEERS = 4096  # holders whose back-off is remembered
+MAX_FETCH_ATTEMPTS = 2  # tries per (batch, holder) for timeouts and closed or unreachable streams
+RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
+MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
+MAX_PENDING = 1024  # batches announced and not yet pulled
+MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
+# a peer that announces a payload and then answers "not found" is charged half a strike: an honest node
+# does it only after a restart (its announcement outlives its payload store), a squatter every time
+NOT_FOUND_STRIKE_WEIGHT = 0.5
+
+Fetch = Callable[..., bytes]  # (holder, digest, *, max_bytes, timeout_s) -> bytes, raising PeerError
+
+
+def pull_timeout_s(payload_len: int) -> float:
+    """How long a pull of ``payload_len`` announced bytes may take."""
+    return min(PULL_TIMEOUT_BASE_S + max(payload_len, 0) / PULL_BYTES_PER_S, PULL_TIMEOUT_MAX_S)
+
+
+@dataclass
+class Pending:
+    """A batch announced and not yet pulled."""
+
+    announcement: BatchAnnouncement
+    holders: list[str]  # the author first, then holders in the order heard of
+    via: str  # "notice" or "poll": what showed it first
+    get_started: float
+    seen: float
+    record_digest: bytes
+    record: bytes  # the author's signed announcement, for notices that offer the batch on
+    attempts: Counter = field(default_factory=Counter)  # per holder
+    pulling: bool = False
+
+    @property
+    def author(self) -> str:
+        return self.holders[0]
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A batch's bytes as one holder served them, unverified, with its timing trace."""
+
+    pending: Pending
+    holder: str
+    data: bytes
+    trace: dict
+
+
+class Puller:
+    def __init__(
+        self,
+        *,
+        verifier: Verifier,
+        book: PeerBook,
+        roster: Roster,
+        state: ExchangeState,
+        fetch: Fetch,
+        on_pulled: Callable[[Pulled], None],
+        wake: Callable[[], None],
+    ):
+        self.verifier = verifier
+        self.book = book
+        self.roster = roster
+        self.state = state
+        self._fetch = fetch
+        self._on_pulled = on_pulled
+        self._wake = wake
+        self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
+        self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
+        self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
+        self.backoff: OrderedDict[str, tuple[float, int]] = OrderedDict()  # holder -> until, failures
+        self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
+        self._in_flight = 0
+        self._workers = ThreadPoolExecutor(MAX_PARALLEL_PULLS, thread_name_prefix="swarm-pull")
+
+    def stop(self) -> None:
+        """Pulls in flight end with their own timeouts or the transport's shutdown."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    def consider(self, candidate: Candidate) -> None:
+        """Check a candidate's announcement; a new batch becomes pending, a known pending one gains the
+        candidate's holder."""
+        record_digest = payload_digest(candidate.record)
+        key = self._by_record.get(record_digest)
+        if key is not None and key in self.pending:
+            holders = self.pending[key].holders
+            if candidate.holder not in holders and len(holders) < MAX_HOLDERS_PER_BATCH:
+                holders.append(candidate.holder)
+            return
+        author = candidate.author
+        announcement = self.verifier.check_announcement(candidate.record, author)
+        if announcement is None:
+            return
+        self.roster.heard_from(author, announcement.timestamp)
+        key = (author, announcement.payload_sha256)
+        # data already pulled or accepted, announced anew: never pulled twice
+        if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
+            self.verifier.count_repeat(announcement, author)
+            return
+        while len(self.pending) >= MAX_PENDING:
+            self._forget(next(iter(self.pending)))
+        holders = [author] if candidate.holder == author else [author, candidate.holder]
+        self.pending[key] = Pending(
+            announcement, holders, candidate.via, candidate.get_started, candidate.seen, record_digest,
+            candidate.record,
+        )  # fmt: skip
+        self._by_record[record_digest] = key
+
+    def start_pulls(self) -> None:
+        now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
+        for key, pending in list(self.pending.items()):
+            if pending.pulling:
+                continue
+            if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
+                self._give_up(key, settle=False)
+                continue
+            holder = self._next_holder(pending, now)
+            if holder is None:
+                if not any(pending.attempts[h] < MAX_FETCH_ATTEMPTS for h in pending.holders):
+                    self._give_up(key)  # every holder failed for good
+                continue  # the rest are backed off: later
+            if self._in_flight >= MAX_PARALLEL_PULLS:
+                return
+            pending.pulling = True
+            pending.attempts[holder] += 1
+            self._in_flight += 1
+            self._workers.submit(self._pull, key, pending.announcement, holder)
+
+    def take_result(self) -> bool:
+        """One finished pull, handled; False if none was waiting."""
+        try:
+            key, holder, data, error, started, fetched = self._done.get_nowait()
+        except queue.Empty:
+            return False
+        self._in_flight -= 1
+        pending = self.pending.get(key)
+        if pending is None:  # dropped meanwhile (MAX_PENDING)
+            return True
+        pending.pulling = False
+        ann = pending.announcement
+        trace = {
+            "peer": key[0], "holder": holder, "via": pending.via, "round": ann.round,
+            "announced_ts": ann.timestamp, "get_started": pending.get_started, "seen": pending.seen,
+            "fetch_started": started, "fetched": fetched,
+        }  # fmt: skip
+        if error is not None:
+            self._failed(key, pending, holder, error, trace)
+            return True
+        self._forget(key)
+        self._pulled.add(key)
+        self.backoff.pop(holder, None)
+        self._on_pulled(Pulled(pending, holder, data, trace))
+        return True
+
+    def _next_holder(self, pending: Pending, now: float) -> str | None:
+        """The first holder with tries left that is not backed off and not banned."""
+        for holder in pending.holders:
+            backed_off = self.backoff.get(holder, (0.0, 0))[0] > now
+            if pending.attempts[holder] < MAX_FETCH_ATTEMPTS and not backed_off:
+                if not self.book.is_banned(holder):
+                    return holder
+                pending.attempts[holder] = MAX_FETCH_ATTEMPTS
+        return None
+
+    def _pull(self, key: tuple[str, bytes], announcement: BatchAnnouncement, holder: str) -> None:
+        """Worker thread: fetch only; the result goes back to the service thread."""
+        started = time.time()
+        data, error = None, None
+        try:
+            data = self._fetch(
+                holder,
+                announcement.payload_sha256,
+                max_bytes=min(announcement.payload_len, MAX_FRAME_BYTES),
+                timeout_s=pull_timeout_s(announcement.payload_len),
+            )
+        except PeerError as exc:
+            error = exc.reason
+        except Exception:  # noqa: BLE001 - a worker never dies silently with a slot held
+            logger.exception("pull from %s failed", holder)
+            error = "closed"
+        self._done.put((key, holder, data, error, started, time.time()))
+        self._wake()
+
+    def _failed(self, key: tuple[str, bytes], pending: Pending, holder: str, reason: str, trace: dict):
+        """Back off a holder that timed out or could not be reached; charge one that sent too much, or
+        the author answering "not found" (module docstring)."""
+        with self.state.lock:
+            self.state.counters.fetch_failures[reason] += 1
+            trace["our_round"] = self.state.round
+        self.state.trace("batch", **trace, error=reason)
+        if reason in RETRYABLE_FETCH_FAILURES:
+            _, failures = self.backoff.pop(holder, (0.0, 0))
+            delay = min(BACKOFF_BASE_S * 2**failures, BACKOFF_MAX_S)
+            self.backoff[holder] = (time.monotonic() + delay, failures + 1)
+            while len(self.backoff) > MAX_BACKOFF_PEERS:
+                self.backoff.popitem(last=False)
+            return
+        pending.attempts[holder] = MAX_FETCH_ATTEMPTS
+        if reason == "oversize":
+            self.book.strike(holder, "oversize")
+        elif reason == "not_found" and holder == key[0]:
+            self.book.strike(holder, "not_found", NOT_FOUND_STRIKE_WEIGHT)
+
+    def _give_up(self, key: tuple[str, bytes], *, settle: bool = True) -> None:
+        """No holder can serve it (or it expired); with ``settle`` its author is not waited for."""
+        self._forget(key)
+        self._pulled.add(key)
+        if settle:
+            self.state.settle(key[0])
+
+    def _forget(self, key: tuple[str, bytes]) -> None:
+        pending = self.pending.pop(key)
+        self._by_record.pop(pending.record_digest, None)
