@@ -72,6 +72,7 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
     from prometheus_client.parser import text_string_to_metric_families
 
     from swarmnode.metrics import NodeCollector
+    from swarmnode.swarm.exchange.status import SwarmStatus
 
     a = start_node(tmp_path / "a", *_args("llama", "it-metrics"), "--set", "swarm.min_peers=1")
     nodes.append(a)
@@ -83,7 +84,7 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
     collector = NodeCollector(
         {"peer_id": status["peer_id"], "model": "tiny-llama", "backend": "hf", "version": "x"}
     )
-    collector.swarm = status
+    collector.swarm = SwarmStatus.from_dict(status)
     registry = CollectorRegistry()
     registry.register(collector)
     samples = {

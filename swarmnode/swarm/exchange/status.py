@@ -118,6 +118,22 @@ class SwarmStatus:
             bans=tuple((p, round(left, 1), n, why) for p, left, n, why in book.bans()), **fields,
         )  # fmt: skip
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> SwarmStatus:
+        """A status read back from status.json (``as_dict``'s inverse)."""
+        arrival = d["arrival_s"]
+        return cls(
+            peer_id=d["peer_id"], swarm_id=d["swarm_id"], addrs=tuple(d["addrs"]), round=d["round"],
+            policy_version=d["policy_version"], model=d["model"], tokenizer=d["tokenizer"],
+            connected=d["connected"], dht=DHTHealth(**d["dht"]), disk_write_failures=d["disk_write_failures"],
+            updated=d["updated"], peers={peer: PeerStatus(**p) for peer, p in d["peers"].items()},
+            rollouts=RolloutTotals(**d["rollouts"]),
+            arrival=ArrivalHistogram(list(arrival["buckets"].values()), arrival["sum"], arrival["count"]),
+            rejected=d["rejected"], fetch_failures=d["fetch_failures"], roster_refused=d["roster_refused"],
+            notices=d["notices"], pulls_by_source=d["pulls_by_source"],
+            bans=tuple((b["peer"], b["remaining_s"], b["count"], b["reason"]) for b in d["bans"]),
+        )  # fmt: skip
+
     def as_dict(self) -> dict:
         return {
             "peer_id": self.peer_id, "swarm_id": self.swarm_id, "addrs": list(self.addrs),

@@ -1,0 +1,114 @@
+"""A scripted network under the data plane's stages: DHT records in a dict and ``fetch`` that serves,
+stalls or fails per holder, for unit tests that count pulls in flight exactly or make a peer silent for a
+precise time without a libp2p daemon (the real one is in tests/integration). ``Author`` is a peer on it
+with a roster card that publishes real signed batches of real scored groups."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from swarmnode.errors import PeerError
+from swarmnode.identity import Identity
+from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
+from tests.helpers.verify_world import Peer
+
+
+class ScriptedNet:
+    """DHT records in a dict; ``fetch`` serves, stalls or fails per holder (see the module docstring)."""
+
+    def __init__(self):
+        self.store: dict[str, dict[str, bytes]] = {}  # the DHT: key -> subkey -> value
+        self.served: dict[bytes, bytes] = {}  # what the authors serve, by digest
+        self.behaviour: dict[str, str] = {}  # holder -> "serve" (default) / "silent" / "unreachable"
+        self.serve_delay_s = 0.0
+        self.read_delay_s = 0.0  # every DHT read takes this long (a loaded host's DHT)
+        self.calls: list[tuple[str, float, float]] = []  # holder, start (monotonic), timeout_s
+        self.held: list[bytes] = []
+        self.in_flight = self.max_in_flight = 0
+        self.lock = threading.Lock()
+        self.stats = {"dht_read_failed": 0, "dht_store_failed": 0}
+        self.last_read_ok = self.last_write_ok = 0.0
+        self.handlers: dict = {}
+        self.payloads = self.records = self  # offer(); put(), get_many() on the store
+        self.client_mode = False
+
+    def serve(self, name, handler):
+        self.handlers[name] = handler
+
+    def get_many(self, keys, timeout_s=None):
+        time.sleep(self.read_delay_s)
+        return {k: dict(self.store[k]) for k in keys if k in self.store}
+
+    def put(self, key, subkey, value, ttl_s, timeout_s=None):
+        self.store.setdefault(key, {})[subkey] = value
+        return True
+
+    def offer(self, digest, data, *, held=False):
+        if held:
+            self.held.append(digest)
+
+    def submit(self, job):
+        raise PeerError("closed", "no notices over the scripted network")
+
+    def fetch(self, peer_id, digest, *, max_bytes, timeout_s):
+        with self.lock:
+            self.calls.append((peer_id, time.monotonic(), timeout_s))
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            behaviour = self.behaviour.get(peer_id, "serve")
+            if behaviour == "silent":
+                time.sleep(timeout_s)
+                raise PeerError("timeout", "silent")
+            if behaviour == "unreachable":
+                raise PeerError("unreachable", "gone")
+            time.sleep(self.serve_delay_s)
+            if digest not in self.served:
+                raise PeerError("not_found", "not here")
+            return self.served[digest]
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def connected_peer_count(self):
+        return 0
+
+    def dht_alive(self):
+        return True
+
+
+class Author:
+    """A peer with a roster card in the scripted DHT that publishes real signed batches."""
+
+    def __init__(self, net: ScriptedNet, swarm_id: str, bank, card_age_s: float = 0.0):
+        self.identity = Identity.generate()
+        self.peer_id = self.identity.peer_id
+        self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
+        card = protocol.RosterCard(
+            peer_id=self.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
+            policy_version=0, round=0, addrs=(), timestamp=time.time() - card_age_s, seq=self.next_seq(),
+            extra=roster_extra(bank.fingerprint),
+        )  # fmt: skip
+        self.card_record = codec.encode_message(self.identity, swarm_id, card)
+        net.put(dht_rules.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def publish(self, *, announce: bool = True) -> tuple[bytes, bytes]:
+        """Offer a batch on the scripted network; with ``announce`` store its record in the DHT too."""
+        batch = convert.make_rollout_batch(
+            self.sender.groups(), peer_id=self.peer_id, swarm_id=self.swarm_id, round=self.sender.round,
+            policy_version=0, model_name="tiny", tokenizer_fingerprint="", timestamp=time.time(),
+            seq=self.next_seq(),
+        )  # fmt: skip
+        data = codec.encode_message(self.identity, self.swarm_id, batch)
+        ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
+        record = codec.encode_message(self.identity, self.swarm_id, ann)
+        self.net.served[ann.payload_sha256] = data
+        if announce:
+            self.net.put(dht_rules.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, 60)
+        return record, data

@@ -1,0 +1,86 @@
+"""A peer's batch through the data plane's stages by hand: notice -> inbox -> puller -> intake -> pool.
+
+Each stage is built with what it uses and driven one call at a time, with no ``Swarm`` façade, no service
+thread and no libp2p daemon (``ScriptedNet`` stands in for the transport: tests/helpers/scripted_net.py).
+The verifier, roster, standing and pool are the real ones; the batch is a real signed one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from swarmnode.config import SamplingConfig
+from swarmnode.identity import Identity
+from swarmnode.swarm.exchange.inbox import Candidate, Inbox
+from swarmnode.swarm.exchange.intake import Intake
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.puller import Pulled, Puller
+from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.state import ExchangeState
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
+from swarmnode.swarm.net import dht
+from swarmnode.swarm.wire import codec
+from tests.helpers.scripted_net import Author, ScriptedNet
+
+SWARM = "stages"
+TTL_S = 60.0
+
+
+def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
+    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(tmp_path))
+    verifier = Verifier(
+        bank, SWARM, book, max_age_s=TTL_S,
+        limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
+    )  # fmt: skip
+    roster = Roster(
+        own_peer_id=Identity.generate().peer_id, swarm_id=SWARM, fingerprint=bank.fingerprint, book=book,
+        ttl_s=TTL_S, lock=state.lock, changed=state.changed,
+    )  # fmt: skip
+    candidates: list[Candidate] = []
+    pulled: list[Pulled] = []
+    notice_outcomes: list[str] = []  # the notice receiver's counts: unknown_author when dropped
+    inbox = Inbox(
+        roster, candidates.append, count_notice=print, read_roster_soon=lambda: None, wake=lambda: None
+    )
+    puller = Puller(
+        verifier=verifier, book=book, roster=roster, state=state, fetch=net.fetch, on_pulled=pulled.append,
+        wake=lambda: None,
+    )  # fmt: skip
+    intake = Intake(verifier=verifier, state=state, roster=roster, transport=net, behind_nat=frozenset)
+    author = Author(net, SWARM, bank)
+    record, _ = author.publish(announce=False)  # known only from its notice
+
+    # 1. inbox: the author has no card here yet, so the notice waits for a roster read
+    assert inbox.add_notice(record, author.peer_id, author.peer_id)
+    inbox.drain()
+    assert candidates == []
+    roster.take_read(dht.read_roster(net.records, SWARM, timeout_s=1.0))  # the author's card is read
+    inbox.drain()
+    assert [(c.author, c.holder, c.via) for c in candidates] == [(author.peer_id, author.peer_id, "notice")]
+    assert notice_outcomes == []
+
+    # 2. puller: the announcement is checked, the batch becomes pending and is pulled from its author
+    puller.consider(candidates[0])
+    digest = codec.decode_message(record, swarm_id=SWARM)[0].payload_sha256
+    assert list(puller.pending) == [(author.peer_id, digest)]
+    puller.start_pulls()
+    deadline = time.monotonic() + 10
+    while not puller.take_result() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [p.holder for p in pulled] == [author.peer_id] and not puller.pending
+    assert [call[0] for call in net.calls] == [author.peer_id]
+
+    # 3. intake: verified against the author's signature, re-scored, pooled, served on, author settled
+    intake.take(pulled[0])
+    assert state.counters.batches_received == 1 and state.counters.groups_accepted == len(state.pool) > 0
+    assert state.settled == {author.peer_id} and net.held == [digest]
+
+    # 4. pool: the round's J groups, all the author's
+    chosen = state.pool.select(2)
+    assert chosen and {g.provenance.producer for g in chosen} == {author.peer_id}
+
+    # the same announcement again is never pulled twice
+    puller.consider(candidates[0])
+    assert not puller.pending
+    puller.stop()
