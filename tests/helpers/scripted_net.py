@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
+from swarmnode.config import SamplingConfig
 from swarmnode.errors import PeerError
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.state import ExchangeState
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, roster_extra
 from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
 from tests.helpers.verify_world import Peer
+
+TTL_S = 60.0  # the records' lifetime, and the age an announcement may have
 
 
 class ScriptedNet:
@@ -112,3 +120,29 @@ class Author:
         if announce:
             self.net.put(dht_rules.announce_key(self.swarm_id, self.peer_id), self.peer_id, record, 60)
         return record, data
+
+
+@dataclass
+class DataPlaneParts:
+    """What the data plane's stages are handed: a scripted network, standing, the shared state, a real
+    verifier and roster (the node's own task bank, any peer id of its own)."""
+
+    net: ScriptedNet
+    book: PeerBook
+    state: ExchangeState
+    verifier: Verifier
+    roster: Roster
+    swarm_id: str
+
+
+def data_plane_parts(run_dir, bank, swarm_id: str = "scripted") -> DataPlaneParts:
+    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(run_dir))
+    verifier = Verifier(
+        bank, swarm_id, book, max_age_s=TTL_S,
+        limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
+    )  # fmt: skip
+    roster = Roster(
+        own_peer_id=Identity.generate().peer_id, swarm_id=swarm_id, fingerprint=bank.fingerprint, book=book,
+        ttl_s=TTL_S, lock=state.lock, changed=state.changed,
+    )  # fmt: skip
+    return DataPlaneParts(net, book, state, verifier, roster, swarm_id)

@@ -16,21 +16,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import SamplingConfig
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import puller
 from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.inbox import Candidate
-from swarmnode.swarm.exchange.peers import PeerBook
-from swarmnode.swarm.exchange.records import ShareTrace
-from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
-from swarmnode.swarm.exchange.state import ExchangeState
-from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.wire import codec, framing, limits
-from tests.helpers.scripted_net import Author, ScriptedNet
+from tests.helpers.scripted_net import Author, data_plane_parts
 
 
 @pytest.fixture
@@ -41,22 +35,15 @@ def world(tmp_path, bank, monkeypatch):
     monkeypatch.setattr(puller, "BACKOFF_BASE_S", 0.8)
     monkeypatch.setattr(service_module, "POLL_INTERVAL_S", 0.2)
     monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 0.2)
-    swarm_id, ttl_s = "scripted", 60.0
-    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(tmp_path))
-    verifier = Verifier(
-        bank, swarm_id, book, max_age_s=ttl_s,
-        limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
-    )  # fmt: skip
-    roster = Roster(
-        own_peer_id=Identity.generate().peer_id, swarm_id=swarm_id, fingerprint=bank.fingerprint, book=book,
-        ttl_s=ttl_s, lock=state.lock, changed=state.changed,
-    )  # fmt: skip
+    parts = data_plane_parts(tmp_path, bank)
+    net, swarm_id = parts.net, parts.swarm_id
     service = ExchangeService(
-        transport=net, swarm_id=swarm_id, roster=roster, verifier=verifier, book=book, state=state
-    )
+        transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
+        state=parts.state,
+    )  # fmt: skip
     world = SimpleNamespace(
-        net=net, state=state, roster=roster, verifier=verifier, service=service, swarm_id=swarm_id,
-        authors=lambda n, **kw: [Author(net, swarm_id, bank, **kw) for _ in range(n)],
+        net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, service=service,
+        swarm_id=swarm_id, authors=lambda n, **kw: [Author(net, swarm_id, bank, **kw) for _ in range(n)],
     )  # fmt: skip
     yield world
     service.stop()

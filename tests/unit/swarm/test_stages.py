@@ -9,39 +9,24 @@ from __future__ import annotations
 
 import time
 
-from swarmnode.config import SamplingConfig
-from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.inbox import Candidate, Inbox
 from swarmnode.swarm.exchange.intake import Intake
-from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.puller import Pulled, Puller
-from swarmnode.swarm.exchange.records import ShareTrace
-from swarmnode.swarm.exchange.roster import Roster
-from swarmnode.swarm.exchange.state import ExchangeState
-from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.net import dht
 from swarmnode.swarm.wire import codec
-from tests.helpers.scripted_net import Author, ScriptedNet
+from tests.helpers.scripted_net import Author, data_plane_parts
 
 SWARM = "stages"
-TTL_S = 60.0
 
 
 def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
-    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(tmp_path))
-    verifier = Verifier(
-        bank, SWARM, book, max_age_s=TTL_S,
-        limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
-    )  # fmt: skip
-    roster = Roster(
-        own_peer_id=Identity.generate().peer_id, swarm_id=SWARM, fingerprint=bank.fingerprint, book=book,
-        ttl_s=TTL_S, lock=state.lock, changed=state.changed,
-    )  # fmt: skip
+    parts = data_plane_parts(tmp_path, bank, SWARM)
+    net, book, state, verifier, roster = parts.net, parts.book, parts.state, parts.verifier, parts.roster
     candidates: list[Candidate] = []
     pulled: list[Pulled] = []
     notice_outcomes: list[str] = []  # the notice receiver's counts: unknown_author when dropped
     inbox = Inbox(
-        roster, candidates.append, count_notice=print, read_roster_soon=lambda: None, wake=lambda: None
+        roster, candidates.append, notice_outcomes.append, read_roster_soon=lambda: None, wake=lambda: None
     )
     puller = Puller(
         verifier=verifier, book=book, roster=roster, state=state, fetch=net.fetch, on_pulled=pulled.append,
