@@ -50,8 +50,10 @@ def test_a_checkpoint_that_does_not_fit_fails_cleanly(small_disk):
 
 @needs_root
 def test_swarm_survives_kill_corruption_full_disk_and_clock_jump(tmp_path):
+    # 8 rounds: the kill must find a node between its 2nd and next-to-last round after the clock jump and
+    # the full disk (up to two checkpoint periods); with 6, tiny rounds sometimes ran past that window
     report = run_chaos(
-        tmp_path, nodes=3, rounds=6, kills=1, deadline_s=5.0, checkpoint_every=2, clock_jump_s=20.0,
+        tmp_path, nodes=3, rounds=8, kills=1, deadline_s=5.0, checkpoint_every=2, clock_jump_s=20.0,
         disk_full=True, seed=1, time_limit_s=600,
     )  # fmt: skip
     summary = {
