@@ -3,13 +3,13 @@
 For each swarm size N it starts N real ``swarmnode join`` processes on 127.0.0.1 with the tiny model
 (node_configs/tiny.yaml, one torch thread each): one bootstrap, the others joining it, all waiting for
 N-1 peers before round 1 so they start together. Every node writes the opt-in timing trace of
-swarmnode/swarm/exchange.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
+swarmnode/swarm/exchange/records.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
 once all nodes finish, the two are joined:
 
 - latency of a (batch, receiver) pair = receiver's "bytes fetched" time - publisher's publish start
   (the moment it began building the signed batch; batch.timestamp is taken microseconds later). All
   nodes run on one machine, so their wall clocks agree. "+verify" adds the receiver's verification.
-  Receivers pull in the background (swarm/background.py); where the time goes: "discover" (publish ->
+  Receivers pull in the background (swarm/exchange/service.py); where the time goes: "discover" (publish ->
   the receiver knew of it, by notice or DHT poll), "queue" (-> its pull began: free pull slots,
   back-offs), "fetch", "verify"; and how batches were found (notice / poll) and served (a holder that
   is not the author).
