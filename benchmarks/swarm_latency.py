@@ -3,8 +3,8 @@
 For each swarm size N it starts N real ``swarmnode join`` processes on 127.0.0.1 with the tiny model
 (node_configs/tiny.yaml, one torch thread each): one bootstrap, the others joining it, all waiting for
 N-1 peers before round 1 so they start together. Every node writes the opt-in timing trace of
-swarmnode/swarm/exchange/records.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its metrics.jsonl;
-once all nodes finish, the two are joined:
+swarmnode/swarm/exchange/records.py (``SWARMNODE_SHARE_TRACE=1`` -> ``<run_dir>/share.jsonl``) and its
+metrics.jsonl; once all nodes finish, the two are joined:
 
 - latency of a (batch, receiver) pair = receiver's "bytes fetched" time - publisher's publish start
   (the moment it began building the signed batch; batch.timestamp is taken microseconds later). All

@@ -418,9 +418,7 @@ def test_dht_layout_and_freshness():
     shard = dht.roster_shard(peer)
     assert 0 <= shard < dht.ROSTER_SHARDS
     assert dht.roster_key("demo-1", peer) == f"swarmnode/demo-1/roster/{shard}"
-    assert dht.roster_keys("demo-1") == [
-        f"swarmnode/demo-1/roster/{i}" for i in range(dht.ROSTER_SHARDS)
-    ]
+    assert dht.roster_keys("demo-1") == [f"swarmnode/demo-1/roster/{i}" for i in range(dht.ROSTER_SHARDS)]
     assert dht.announce_key("demo-1", peer) == f"swarmnode/demo-1/announce/{peer}"
     assert dht.roster_ttl_s(10.0) == 20.0 and dht.announce_ttl_s(30.0) == 90.0
     for bad in ("", "has/slash", "-dash-first", "x" * 65, "spa ce"):

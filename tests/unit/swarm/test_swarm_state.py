@@ -19,4 +19,3 @@ def test_bounded_set_keeps_the_newest_keys_up_to_the_cap():
     seen.add(7)  # a key seen again keeps its place: eviction stays oldest-first
     seen.add(10)
     assert list(seen) == [7, 8, 9, 10]
-
