@@ -1,8 +1,14 @@
-"""A mean with its 95% Student-t interval: what the multi-seed tables (benchmarks.sapo_table) report.
+"""A mean with its 95% Student-t interval, seed-paired differences and the equivalence test (TOST) that
+the multi-seed tables (benchmarks.sapo_table) report.
 
 Seeds are few (3-10), so the interval is Student's t with n - 1 degrees of freedom, not a normal one;
 the quantile is scipy's, imported where it is computed: scipy comes with the ``test`` extra (hivemind
 needs it too), and importing this module must not need it.
+
+Arms are compared seed by seed (``paired``: arm B's value minus arm A's of the same seed, since a seed
+fixes the question draws and the initial weights of both), and "no difference" is a claim of its own:
+``equivalent`` is Schuirmann's two one-sided tests at 5% each against a margin stated before the runs,
+i.e. the 90% interval of the paired differences inside (-margin, +margin).
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ from dataclasses import dataclass
 MAX_SEEDS_SUGGESTED = 30  # "seeds needed" beyond this is reported as "more than 30"
 
 
-def t975(df: int) -> float:
-    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile of Student's t with ``df`` degrees of freedom."""
     if df < 1:
         raise ValueError(f"t quantile needs df >= 1, got {df}")
     from scipy.stats import t as student_t
 
-    return float(student_t.ppf(0.975, df))
+    return float(student_t.ppf(q, df))
+
+
+def t975(df: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``df`` degrees of freedom."""
+    return t_quantile(0.975, df)
 
 
 @dataclass(frozen=True)
@@ -66,3 +77,37 @@ def interval(values: list[float]) -> Interval:
         return Interval(0, float("nan"), float("nan"))
     sd = statistics.stdev(values) if len(values) > 1 else float("nan")
     return Interval(len(values), statistics.fmean(values), sd)
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> Interval:
+    """The interval of b - a over the seeds both arms have a value for (NaNs left out)."""
+    return interval([b[seed] - a[seed] for seed in sorted(a.keys() & b.keys())])
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Schuirmann's TOST of paired differences against ``margin``: each one-sided t statistic, and the
+    verdict at ``alpha`` per side (module docstring)."""
+
+    diff: Interval
+    margin: float
+    t_lower: float  # (mean + margin) / se: large when the mean is clearly above -margin
+    t_upper: float  # (mean - margin) / se: very negative when it is clearly below +margin
+    alpha: float
+
+    @property
+    def equivalent(self) -> bool:
+        if self.t_lower != self.t_lower:  # nan: one seed, or no spread
+            return False
+        critical = t_quantile(1 - self.alpha, self.diff.n - 1)
+        return self.t_lower > critical and self.t_upper < -critical
+
+
+def equivalence(diff: Interval, margin: float, alpha: float = 0.05) -> Equivalence:
+    """TOST of a paired-differences interval (``paired``) against a margin fixed beforehand."""
+    if margin <= 0:
+        raise ValueError(f"an equivalence margin is > 0, got {margin}")
+    se = diff.sd / math.sqrt(diff.n) if diff.n >= 2 else float("nan")
+    if not se > 0:  # one seed, or no spread: nothing to test with
+        return Equivalence(diff, margin, float("nan"), float("nan"), alpha)
+    return Equivalence(diff, margin, (diff.mean + margin) / se, (diff.mean - margin) / se, alpha)
