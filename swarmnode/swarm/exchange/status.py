@@ -96,13 +96,13 @@ class SwarmStatus:
 
     @classmethod
     def take(
-        cls, *, transport: Transport, roster: Roster, state: ExchangeState, book: PeerBook,
-        rejections: Mapping[str, int], **fields,
+        cls, *, roster: Roster, state: ExchangeState, book: PeerBook, rejections: Mapping[str, int], **fields,
     ) -> SwarmStatus:  # fmt: skip
-        """From the parts, under the exchange's lock (the caller holds it)."""
+        """From the parts, under the exchange's lock (the caller holds it); ``fields`` are the rest, among
+        them ``connected`` and ``dht``, which ask the daemon and are taken before the lock."""
         now, counters = time.time(), state.counters
         return cls(
-            connected=transport.connected_peer_count(), dht=DHTHealth.of(transport), updated=now,
+            updated=now,
             peers={
                 peer: PeerStatus(card.model_name, card.tokenizer_fingerprint, card.policy_version, card.round,
                                  round(now - card.timestamp, 1), book.is_banned(peer))

@@ -31,7 +31,7 @@ from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
 from swarmnode.swarm.exchange.state import ExchangeState
-from swarmnode.swarm.exchange.status import SwarmStatus, write_status
+from swarmnode.swarm.exchange.status import DHTHealth, SwarmStatus, write_status
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, roster_extra
 from swarmnode.swarm.net import dht, notices
 from swarmnode.swarm.net.transport import Transport
@@ -199,12 +199,14 @@ class Swarm:
         return chosen
 
     def status(self, round_: int, policy_version: int) -> SwarmStatus:
-        """A frozen snapshot of this node's swarm: what status.json and the metrics read."""
+        """A frozen snapshot of this node's swarm: what status.json and the metrics read. The daemon is
+        asked before the exchange's lock is taken: the service thread pools under it."""
+        connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
         with self.state.lock:
             return SwarmStatus.take(
                 peer_id=self.identity.peer_id, swarm_id=self.swarm_id, addrs=self.addrs, round=round_,
                 policy_version=policy_version, model=self.policy.name,
-                tokenizer=self.policy.tokenizer_fingerprint, transport=self.transport, roster=self.roster,
+                tokenizer=self.policy.tokenizer_fingerprint, connected=connected, dht=dht, roster=self.roster,
                 state=self.state, book=self.book, rejections=self.verifier.rejections,
                 notices=self.service.notices.snapshot(), disk_write_failures=self.write_failures.count,
             )  # fmt: skip
