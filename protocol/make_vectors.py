@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from swarmnode.identity import Identity, peer_id_from_public_key
-from swarmnode.swarm.wire import codec, framing, limits, protocol
+from swarmnode.swarm.wire import codec, framing, limits, protocol, work
 from swarmnode.swarm.wire import dht_rules as dht
 
 VECTOR_DIR = Path(__file__).resolve().parent / "vectors" / "v1"
@@ -29,6 +29,7 @@ SEED_B = bytes.fromhex("b2" * 16 + "fedcba9876543210fedcba9876543210")  # anothe
 SWARM = "vector-swarm"
 TIMESTAMP = 1767225600.25  # 2026-01-01T00:00:00.25Z
 FINGERPRINT = "3f" * 32
+WORK_BITS = 16  # the identity proof in the vectors (a swarm sets its own d: PROTOCOL.md section 2)
 
 A = Identity.from_seed(SEED_A)
 B = Identity.from_seed(SEED_B)
@@ -243,8 +244,40 @@ def record_vectors() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def identity_work(name: str, description: str, identity: Identity, nonce: bytes, bits: int) -> dict[str, Any]:
+    """An identity proof (PROTOCOL.md section 2, "Identity work"): ``accept`` when the digest has at least
+    ``bits`` leading zero bits, else ``no_identity_work`` (what a receiver asking for ``bits`` refuses)."""
+    digest = work.work_digest(identity.public_key, nonce)
+    return {
+        "name": name,
+        "description": description,
+        "kind": "identity_work",
+        "signer_seed": SEED_A.hex() if identity is A else SEED_B.hex(),
+        "public_key": identity.public_key.hex(),
+        "peer_id": identity.peer_id,
+        "nonce": nonce.hex(),
+        "digest": digest.hex(),
+        "leading_zero_bits": work.leading_zero_bits(digest),
+        "bits": bits,
+        "verdict": "accept" if work.has_work(identity.public_key, nonce, bits) else "no_identity_work",
+    }
+
+
+def work_vectors() -> list[dict[str, Any]]:
+    nonce = work.mint(A.public_key, WORK_BITS)
+    zeros = work.leading_zero_bits(work.work_digest(A.public_key, nonce))
+    return [
+        identity_work("identity_work_valid", f"A's proof at d = {WORK_BITS}: the first nonce, counting up "
+                      "from 0, whose digest has at least d leading zero bits.", A, nonce, WORK_BITS),
+        identity_work("identity_work_too_few_bits", "The same proof where one bit more than its digest's "
+                      "leading zero bits is asked.", A, nonce, zeros + 1),
+        identity_work("identity_work_other_key", "A's nonce with B's key: the proof is bound to the key.",
+                      B, nonce, WORK_BITS),
+    ]  # fmt: skip
+
+
 def build_vectors() -> list[dict[str, Any]]:
-    return message_vectors() + record_vectors()
+    return message_vectors() + record_vectors() + work_vectors()
 
 
 def message_vectors() -> list[dict[str, Any]]:
@@ -359,6 +392,14 @@ def message_vectors() -> list[dict[str, Any]]:
             "A roster card marked offline (a clean shutdown): the optional 'offline' field, written only "
             "when true.",
             codec.encode_message(A, SWARM, roster_card(offline=True, seq=1002)),
+            "accept",
+            expected_type=RC,
+        ),
+        message(
+            "roster_card_work_nonce",
+            f"A roster card carrying A's identity proof (identity_work_valid, d = {WORK_BITS}) in the "
+            "optional 'work_nonce' field, written only when the card has one.",
+            codec.encode_message(A, SWARM, roster_card(work_nonce=work.mint(A.public_key, WORK_BITS))),
             "accept",
             expected_type=RC,
         ),
@@ -527,6 +568,13 @@ def message_vectors() -> list[dict[str, Any]]:
             "offline_not_boolean",
             "A roster card with 'offline' = 1 (must be a boolean).",
             sign_raw(A, RC, SWARM, with_body(card, offline=1)),
+            "bad_field",
+            expected_type=RC,
+        ),
+        message(
+            "work_nonce_wrong_length",
+            f"A roster card with a 7-byte 'work_nonce' (must be bin({work.NONCE_BYTES})).",
+            sign_raw(A, RC, SWARM, with_body(card, work_nonce=bytes(7))),
             "bad_field",
             expected_type=RC,
         ),

@@ -215,15 +215,28 @@ def status(
 def keygen(
     out: Annotated[Path, typer.Option("--out", "-o", help="Key file to write.")] = Path("identity.key"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing key file.")] = False,
+    config: ConfigOpt = None,
+    work_bits: Annotated[
+        int | None,
+        typer.Option(
+            "--work-bits",
+            help="Proof of work to mint for the key (swarm.identity_work_bits; default: the config's).",
+        ),
+    ] = None,
 ):
-    """Write a new Ed25519 node identity (libp2p key format, mode 0600) and print its peer id."""
+    """Write a new Ed25519 node identity (libp2p key format, mode 0600), mint its proof of work (kept
+    beside it as KEY.work) and print its peer id."""
     with _boundary():
         from swarmnode.identity import Identity
+        from swarmnode.identity_work import load_or_mint_work
 
+        overrides = {} if work_bits is None else {"swarm.identity_work_bits": work_bits}
+        bits = load_config(config, overrides).swarm.identity_work_bits
         if not out.parent.is_dir():
             raise ConfigError(f"--out {out}: folder {out.parent} does not exist; create it first")
         identity = Identity.generate()
         identity.save(out, force=force)
+        load_or_mint_work(identity, out, bits)
         typer.echo(identity.peer_id)
 
 

@@ -341,6 +341,26 @@ class SwarmConfig(_Strict):
         description="How long a peer's first ban lasts; each further ban of the same peer doubles it, "
         "up to an hour.",
     )
+    identities_per_origin: int = Field(
+        16,
+        ge=1,
+        description="Peer ids admitted through notices from one network (IPv4 /24, IPv6 /48) within 10 "
+        "min; more from it are refused (origin_cap). Relayed connections are not capped.",
+    )
+    origin_cap_exempt_loopback: bool = Field(
+        True,
+        description="Exempt loopback peers (127.0.0.0/8, ::1) from the per-network caps: on one machine "
+        "every peer is one network (tests, one-machine swarms).",
+    )
+    identity_work_bits: int = Field(
+        16,
+        ge=0,
+        le=32,
+        description="Proof of work an identity must carry to be admitted (swarm.wire.work): a nonce "
+        "whose hash with the peer's public key starts with this many zero bits. Minting costs 2^bits "
+        "hashes once per key (16: ~0.03 s; 26: ~30 s of one core), kept beside the key file; peers "
+        "whose roster card proves fewer bits are refused, so the nodes of one swarm use one value.",
+    )
 
 
 class BootstrapConfig(_Strict):

@@ -1,11 +1,12 @@
 """Swarm start-up around the node's lifecycle: what ``swarmnode join`` adds to a ``Node``.
 
 ``run_join`` sets up a ``Node`` (node.py), derives this start's network settings from the run folder
-(``rejoin_network``: the previous port and peers after a restart), starts the ``Swarm`` and falls back
-to a first start when none of the saved peers answers (``_start_swarm``), prints the join hint, waits
-for the peers the config asks for, then runs the node's rounds with the swarm's exchange as the hook,
-keeping ``known_peers.json`` up to date (``KnownPeersWriter``). On the way out the swarm shuts down (an
-offline card, then the network) before the node closes.
+(``rejoin_network``: the previous port and peers after a restart), loads or mints the identity's proof of
+work (``identity_work``: its roster card carries it), starts the ``Swarm`` and falls back to a first start
+when none of the saved peers answers (``_start_swarm``), prints the join hint, waits for the peers the
+config asks for, then runs the node's rounds with the swarm's exchange as the hook, keeping
+``known_peers.json`` up to date (``KnownPeersWriter``). On the way out the swarm shuts down (an offline
+card, then the network) before the node closes.
 
 Separate from node.py so that the node's lifecycle stays the same for solo and swarm nodes and knows
 nothing of the network: node.py never imports this module (join imports node, not the reverse); the
@@ -22,6 +23,7 @@ from pathlib import Path
 from swarmnode.common import log
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.errors import TransportError
+from swarmnode.identity_work import load_or_mint_work
 from swarmnode.node import Node
 from swarmnode.run_folder import (
     KNOWN_PEERS_FILE,
@@ -100,6 +102,9 @@ def _start_swarm(node: Node, cfg: NodeConfig):
     Returns (swarm, its addresses)."""
     from swarmnode.swarm.exchange.swarm import Swarm  # hivemind and the network stack only for swarm nodes
 
+    # before the network starts: the card needs the identity's proof (minted once per key, then kept)
+    work_nonce = load_or_mint_work(node.identity, node.identity_path, cfg.swarm.identity_work_bits)
+
     def start(settings: SwarmConfig):
         swarm = Swarm(
             cfg.model_copy(update={"swarm": settings}),
@@ -109,6 +114,7 @@ def _start_swarm(node: Node, cfg: NodeConfig):
             identity_path=node.identity_path,
             run_dir=node.run_dir,
             on_status=lambda status: setattr(node.metrics, "swarm", status),
+            work_nonce=work_nonce,
         )
         try:
             return swarm, swarm.start(node.completed_rounds, node.trainer.policy_version)

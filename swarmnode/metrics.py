@@ -10,14 +10,20 @@ writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``)
 503) when a check fails: no round for much longer than the last one took, the DHT process gone, no
 successful DHT read or write for ``HEALTH_DHT_STALE_S``, or (swarm nodes) no peer in the roster. The same
 verdict is exported as ``swarmnode_health_ok`` (with ``swarmnode_dht_alive``) for the alert rules. The server
-answers each connection on its own thread (at most ``MAX_CONNECTIONS`` at once) and drops a client that
-sends nothing for ``CONNECTION_TIMEOUT_S``, so an idle or slow client cannot block a scrape.
+answers each connection on its own thread (at most ``MAX_CONNECTIONS`` at once), one request each, and a
+connection has ``REQUEST_DEADLINE_S`` in all to send its request and take the answer, however it trickles
+its bytes; when every slot is taken, a new connection closes the oldest one still sending its request (a
+scraper sends its request at once, so only a connection that has not is ever closed for another). So idle
+or trickling clients, even ones that reconnect at once, cannot block a scrape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import json
+import socket
 import socketserver
 import sys
 import threading
@@ -48,8 +54,8 @@ if TYPE_CHECKING:
     from swarmnode.swarm.exchange.status import SwarmStatus
 
 TARGET_FILE = "prometheus_target.json"
-CONNECTION_TIMEOUT_S = 5.0  # a client that sends nothing for this long is dropped
-MAX_CONNECTIONS = 16  # connections served at once; more are closed unanswered
+REQUEST_DEADLINE_S = 5.0  # a connection's request and answer, all reads and writes together
+MAX_CONNECTIONS = 16  # connections served at once (a new one closes the oldest still sending its request)
 HEALTH_ROUND_STALL_FACTOR = 5.0  # degraded when no round for this many times the last round's duration
 HEALTH_MIN_ROUND_AGE_S = 300.0  # ... but never sooner than this after the last round
 HEALTH_DHT_STALE_S = 300.0  # degraded when the last successful DHT read (or write) is older than this
@@ -244,6 +250,15 @@ class NodeCollector:
         for outcome, count in {**dict.fromkeys(NOTICE_OUTCOMES, 0), **s.notices}.items():
             notices.add_metric([outcome], count)
         yield notices
+        refused = CounterMetricFamily(
+            "swarmnode_roster_refused",
+            "Roster cards not admitted (from the DHT or a notice), by reason.",
+            labels=["reason"],
+        )
+        # roster_full from 0 (a full roster is what an operator watches for); other reasons once seen
+        for reason, count in {"roster_full": 0, **s.roster_refused}.items():
+            refused.add_metric([reason], count)
+        yield refused
 
 
 def dht_families(dht: dict) -> Iterator:
@@ -272,33 +287,100 @@ def _info(name: str, doc: str, labels: dict[str, str]) -> InfoMetricFamily:
     return family
 
 
+class _DeadlineSocket(io.RawIOBase):
+    """A connection's socket, read and written with one deadline for all of it: each call may wait only
+    for what is left (a socket timeout is per call, so a client sending a byte at a time resets it)."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def _wait_at_most_what_is_left(self) -> None:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the connection outlived its {REQUEST_DEADLINE_S:.0f} s")
+        self._sock.settimeout(left)
+
+    def readinto(self, buffer) -> int:
+        self._wait_at_most_what_is_left()
+        return self._sock.recv_into(buffer)
+
+    def write(self, data) -> int:
+        self._wait_at_most_what_is_left()
+        self._sock.sendall(data)
+        return len(data)
+
+
 class _QuietHandler(WSGIRequestHandler):
-    timeout = CONNECTION_TIMEOUT_S  # socket timeout of each connection: an idle client is dropped
+    """Reads and writes under the connection's REQUEST_DEADLINE_S; tells the server when the request is
+    in (the connection is then no longer evictable)."""
+
+    def setup(self) -> None:
+        self.connection = self.request
+        deadline = time.monotonic() + REQUEST_DEADLINE_S
+        self.rfile = io.BufferedReader(_DeadlineSocket(self.connection, deadline))
+        self.wfile = _DeadlineSocket(self.connection, deadline)
+
+    def parse_request(self) -> bool:  # called once the request line is in; it reads the headers
+        ok = super().parse_request()
+        self.server.request_read(self.request)
+        return ok
 
     def log_message(self, *args) -> None:  # scrapes every few seconds would flood the node's log
         pass
 
 
 class _ThreadedServer(socketserver.ThreadingMixIn, WSGIServer):
-    """One thread per connection, at most MAX_CONNECTIONS at once (more are closed unanswered)."""
+    """One thread per connection, at most MAX_CONNECTIONS at once: a new one closes the oldest connection
+    still sending its request, or is closed unanswered if every connection is past its request."""
 
     daemon_threads = True
 
     def __init__(self, *args, **kwargs) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, bool] = {}  # connection -> its request read; oldest first
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._admit(request):
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
+
+    def _admit(self, request: socket.socket) -> bool:
+        with self._lock:
+            if len(self._open) >= MAX_CONNECTIONS:
+                victim = next((s for s, read in self._open.items() if not read), None)
+                if victim is None:
+                    return False
+                del self._open[victim]
+                with contextlib.suppress(OSError):
+                    victim.shutdown(socket.SHUT_RDWR)  # its thread's read returns at once
+            self._open[request] = False
+            return True
+
+    def request_read(self, request: socket.socket) -> None:
+        with self._lock:
+            if request in self._open:
+                self._open[request] = True
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            with self._lock:
+                self._open.pop(request, None)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that ran out of time, hung up or was evicted is its own problem: nothing printed."""
+        if not isinstance(sys.exc_info()[1], OSError):  # TimeoutError and ConnectionError included
+            super().handle_error(request, client_address)
 
 
 class MetricsServer:

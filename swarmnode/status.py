@@ -4,6 +4,10 @@ A running node rewrites ``status.json`` every round and appends to ``metrics.jso
 keeps ``status`` independent of the node's process (it works after a crash too). Whether a node is running
 is read from the run folder's lock (``LOCK_FILE``), an flock a node holds for the life of its process: a
 stopped or crashed node holds none, and ``status`` then says so and how old its data is.
+
+Peers choose some of what it prints (ids, model names, ban reasons): each such string, and then every
+line, goes through ``swarm.wire.printable`` (control, bidi and format characters escaped; a peer's string
+cut to ``MAX_PRINTED_CHARS``), so nothing a peer sends reaches the terminal raw.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from swarmnode.errors import StatusError
 from swarmnode.runlog import RunLog
+from swarmnode.swarm.wire.printable import printable
 
 LOCK_FILE = ".lock"  # in the run folder; node.py holds an flock on it and writes "pid N" into it
 
@@ -86,7 +91,7 @@ def format_status(status: dict) -> str:
     swarm = status["swarm"]
     if swarm is None:
         lines.append("solo node (no swarm status)")
-        return "\n".join(lines)
+        return "\n".join(printable(line, max_chars=None) for line in lines)
     age = time.time() - swarm["updated"]
     lines.append(f"peer id {swarm['peer_id']}  swarm {swarm['swarm_id']}  (updated {age:.0f}s ago)")
     lines.extend(f"  listening on {addr}" for addr in swarm["addrs"])
@@ -94,8 +99,8 @@ def format_status(status: dict) -> str:
     for peer, info in swarm["peers"].items():
         flag = "  BANNED" if info["banned"] else ""
         lines.append(
-            f"  {peer}  {info['model']}  policy v{info['policy_version']}  round {info['round']}  "
-            f"seen {info['seen_s_ago']:.0f}s ago{flag}"
+            f"  {printable(peer)}  {printable(info['model'])}  policy v{info['policy_version']}  "
+            f"round {info['round']}  seen {info['seen_s_ago']:.0f}s ago{flag}"
         )
     r = swarm["rollouts"]
     lines.append(
@@ -112,6 +117,7 @@ def format_status(status: dict) -> str:
     lines.append("rejected: " + (", ".join(f"{k} {v}" for k, v in rejected.items()) if rejected else "none"))
     for ban in swarm["bans"]:
         lines.append(
-            f"banned: {ban['peer']} for {ban['remaining_s']:.0f}s more ({ban['reason']}, #{ban['count']})"
+            f"banned: {printable(ban['peer'])} for {ban['remaining_s']:.0f}s more "
+            f"({printable(ban['reason'])}, #{ban['count']})"
         )
-    return "\n".join(lines)
+    return "\n".join(printable(line, max_chars=None) for line in lines)

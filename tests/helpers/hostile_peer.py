@@ -36,7 +36,7 @@ from pathlib import Path
 from swarmnode.config import SwarmConfig, load_config
 from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
-from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, convert, dht_rules, framing, limits, protocol

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from swarmnode.config import NodeConfig
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.swarm import Swarm
+from swarmnode.swarm.wire import work
 from swarmnode.tasks import TaskBank
 
 
@@ -33,4 +34,7 @@ def make_swarm(
     run_dir.mkdir()
     policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
     bank = TaskBank(cfg.tasks, default_seed=0)
-    return Swarm(cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir)
+    nonce = work.mint(identity.public_key, cfg.swarm.identity_work_bits)
+    return Swarm(
+        cfg, identity=identity, bank=bank, policy=policy, identity_path=key, run_dir=run_dir, work_nonce=nonce
+    )

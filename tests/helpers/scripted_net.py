@@ -5,6 +5,7 @@ with a roster card that publishes real signed batches of real scored groups."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -12,11 +13,13 @@ from dataclasses import dataclass
 from swarmnode.config import SamplingConfig
 from swarmnode.errors import PeerError
 from swarmnode.identity import Identity
+from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.standing import ScoringBudget
 from swarmnode.swarm.exchange.state import ExchangeState
-from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, roster_extra
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
 from tests.helpers.verify_world import Peer
 
@@ -29,7 +32,8 @@ class ScriptedNet:
     def __init__(self):
         self.store: dict[str, dict[str, bytes]] = {}  # the DHT: key -> subkey -> value
         self.served: dict[bytes, bytes] = {}  # what the authors serve, by digest
-        self.behaviour: dict[str, str] = {}  # holder -> "serve" (default) / "silent" / "unreachable"
+        # holder -> "serve" (default) / "silent" / "unreachable" / "tamper" (serves the bytes, one flipped)
+        self.behaviour: dict[str, str] = {}
         self.serve_delay_s = 0.0
         self.read_delay_s = 0.0  # every DHT read takes this long (a loaded host's DHT)
         self.calls: list[tuple[str, float, float]] = []  # holder, start (monotonic), timeout_s
@@ -75,7 +79,8 @@ class ScriptedNet:
             time.sleep(self.serve_delay_s)
             if digest not in self.served:
                 raise PeerError("not_found", "not here")
-            return self.served[digest]
+            data = self.served[digest]
+            return data[:-1] + bytes([data[-1] ^ 1]) if behaviour == "tamper" else data
         finally:
             with self.lock:
                 self.in_flight -= 1
@@ -94,12 +99,7 @@ class Author:
         self.identity = Identity.generate()
         self.peer_id = self.identity.peer_id
         self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
-        card = protocol.RosterCard(
-            peer_id=self.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
-            policy_version=0, round=0, addrs=(), timestamp=time.time() - card_age_s, seq=self.next_seq(),
-            extra=roster_extra(bank.fingerprint),
-        )  # fmt: skip
-        self.card_record = codec.encode_message(self.identity, swarm_id, card)
+        self.card_record = signed_card(self.identity, swarm_id, bank.fingerprint, self.next_seq(), card_age_s)
         net.put(dht_rules.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
 
     def next_seq(self) -> int:
@@ -122,6 +122,35 @@ class Author:
         return record, data
 
 
+class Sybil:
+    """A fresh identity with a valid roster card (not in the DHT: it hands it over with its notices) that
+    announces batches it never serves: the scripted network keeps it silent."""
+
+    def __init__(self, net: ScriptedNet, swarm_id: str, fingerprint: str):
+        self.identity = Identity.generate()
+        self.peer_id, self.swarm_id = self.identity.peer_id, swarm_id
+        self.card_record = signed_card(self.identity, swarm_id, fingerprint, 1)
+        net.behaviour[self.peer_id] = "silent"
+
+    def announcement(self, seq: int = 2) -> bytes:
+        """A signed announcement of a 1 KiB batch nobody holds."""
+        ann = protocol.BatchAnnouncement(
+            peer_id=self.peer_id, swarm_id=self.swarm_id, round=1, policy_version=0,
+            payload_sha256=os.urandom(32), payload_len=1024, n_groups=2, timestamp=time.time(), seq=seq,
+        )  # fmt: skip
+        return codec.encode_message(self.identity, self.swarm_id, ann)
+
+
+def signed_card(identity: Identity, swarm_id: str, fingerprint: str, seq: int, age_s: float = 0.0) -> bytes:
+    """A roster card record of ``identity`` for a peer of task mix ``fingerprint``."""
+    card = protocol.RosterCard(
+        peer_id=identity.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
+        policy_version=0, round=0, addrs=(), timestamp=time.time() - age_s, seq=seq,
+        extra=roster_extra(fingerprint),
+    )  # fmt: skip
+    return codec.encode_message(identity, swarm_id, card)
+
+
 @dataclass
 class DataPlaneParts:
     """What the data plane's stages are handed: a scripted network, standing, the shared state, a real
@@ -140,9 +169,16 @@ def data_plane_parts(run_dir, bank, swarm_id: str = "scripted") -> DataPlanePart
     verifier = Verifier(
         bank, swarm_id, book, max_age_s=TTL_S,
         limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
+        scoring=ScoringBudget(book.has_standing),
     )  # fmt: skip
     roster = Roster(
         own_peer_id=Identity.generate().peer_id, swarm_id=swarm_id, fingerprint=bank.fingerprint, book=book,
         ttl_s=TTL_S, lock=state.lock, changed=state.changed,
     )  # fmt: skip
     return DataPlaneParts(net, book, state, verifier, roster, swarm_id)
+
+
+def received(world) -> int:
+    """Batches the world's data plane has pulled and verified so far (accepted or not)."""
+    with world.state.lock:
+        return world.state.counters.batches_received

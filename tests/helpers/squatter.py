@@ -18,7 +18,7 @@ from pathlib import Path
 
 from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, dht_rules, limits, protocol
 from swarmnode.tasks import TaskBank

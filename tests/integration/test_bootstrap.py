@@ -20,7 +20,7 @@ from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
 from swarmnode.experiment.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange.verify import roster_extra
+from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import dht_rules
 from tests.helpers.swarm_procs import alive, free_port

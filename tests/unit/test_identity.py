@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +172,136 @@ def test_hivemind_daemon_uses_the_key_file(tmp_path):
     random_peer_id, rfc_peer_id = asyncio.run(both())
     assert random_peer_id == random_identity.peer_id
     assert rfc_peer_id == RFC_PEER_ID
+
+
+# --- the identity's proof of work, kept beside the key (swarmnode.identity_work) ------------------
+
+
+def _saved_key(tmp_path, seed: int = 7):
+    path = tmp_path / "node.key"
+    Identity.from_seed(bytes([seed]) * 32).save(path)
+    return path
+
+
+def test_an_existing_key_file_gets_its_proof_at_first_load_and_keeps_its_peer_id(tmp_path):
+    from swarmnode.identity_work import load_or_mint_work, work_path
+    from swarmnode.swarm.wire import work
+
+    path = _saved_key(tmp_path)
+    key_bytes, peer_id = path.read_bytes(), Identity.load(path).peer_id
+    lines: list[str] = []
+    nonce = load_or_mint_work(Identity.load(path), path, 12, log=lines.append)
+    assert work.has_work(Identity.load(path).public_key, nonce, 12)
+    assert lines[0].startswith("minting the identity's proof of work (12 bits, ")
+    proof = work_path(path)
+    assert proof.name == "node.key.work" and stat.S_IMODE(os.stat(proof).st_mode) == 0o600
+    assert json.loads(proof.read_text()) == {"bits": 12, "nonce": nonce.hex()}
+    assert path.read_bytes() == key_bytes and Identity.load(path).peer_id == peer_id
+
+    again: list[str] = []
+    assert load_or_mint_work(Identity.load(path), path, 12, log=again.append) == nonce
+    assert again == []  # kept: minted once per key
+
+
+def test_a_stored_proof_for_a_lower_d_is_minted_again_and_serves_every_lower_d(tmp_path):
+    from swarmnode.identity_work import load_or_mint_work, work_path
+    from swarmnode.swarm.wire import work
+
+    path = _saved_key(tmp_path)
+    identity = Identity.load(path)
+    low = load_or_mint_work(identity, path, 4, log=lambda line: None)
+    assert not work.has_work(identity.public_key, low, 14)  # else this test would prove nothing
+    lines: list[str] = []
+    high = load_or_mint_work(identity, path, 14, log=lines.append)
+    assert work.has_work(identity.public_key, high, 14) and high != low
+    assert "is for 4 bits, and this swarm asks for 14; minting it again" in lines[0]
+    assert json.loads(work_path(path).read_text())["bits"] == 14
+    quiet: list[str] = []
+    assert load_or_mint_work(identity, path, 8, log=quiet.append) == high and quiet == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"bits": 12}',
+        b'{"bits": 12, "nonce": "zz"}',
+        b'{"bits": 12, "nonce": "0000"}',
+        b'{"bits": "12", "nonce": "0000000000000000"}',
+        b"\xff\xfe",
+        b"{" + b" " * 5000 + b"}",
+    ],
+)
+def test_a_corrupt_proof_file_is_minted_again_with_a_clear_line(tmp_path, content):
+    from swarmnode.identity_work import load_or_mint_work, work_path
+    from swarmnode.swarm.wire import work
+
+    path = _saved_key(tmp_path)
+    work_path(path).write_bytes(content)
+    lines: list[str] = []
+    nonce = load_or_mint_work(Identity.load(path), path, 10, log=lines.append)
+    assert work.has_work(Identity.load(path).public_key, nonce, 10)
+    assert lines[0].startswith(f"{work_path(path)}: the proof of work file is corrupt (")
+    assert lines[0].endswith("; minting it again")
+    assert json.loads(work_path(path).read_text()) == {"bits": 10, "nonce": nonce.hex()}
+
+
+def test_a_proof_of_another_key_is_minted_again(tmp_path):
+    from swarmnode.identity_work import load_or_mint_work
+
+    path = _saved_key(tmp_path, seed=7)
+    load_or_mint_work(Identity.load(path), path, 12, log=lambda line: None)
+    Identity.from_seed(bytes([8]) * 32).save(path, force=True)  # the key replaced, its old proof left
+    lines: list[str] = []
+    load_or_mint_work(Identity.load(path), path, 12, log=lines.append)
+    assert f"the proof of work is not one for this key ({Identity.load(path).peer_id})" in lines[0]
+
+
+def test_no_proof_asked_none_made(tmp_path):
+    from swarmnode.identity_work import load_or_mint_work, work_path
+
+    path = _saved_key(tmp_path)
+    assert load_or_mint_work(Identity.load(path), path, 0, log=pytest.fail) == b""
+    assert not work_path(path).exists()
+
+
+def test_a_proof_that_cannot_be_saved_is_used_and_said(tmp_path):
+    from swarmnode.identity_work import load_or_mint_work, work_path
+    from swarmnode.swarm.wire import work
+
+    path = _saved_key(tmp_path)
+    work_path(path).mkdir()  # neither readable nor replaceable as a file
+    lines: list[str] = []
+    nonce = load_or_mint_work(Identity.load(path), path, 8, log=lines.append)
+    assert work.has_work(Identity.load(path).public_key, nonce, 8)
+    assert "the proof of work cannot be read" in lines[0]
+    assert lines[-1].startswith(f"could not save the proof of work to {work_path(path)}")
+    assert lines[-1].endswith("the next start mints again")
+
+
+def test_keygen_prints_the_peer_id_and_writes_the_proof(tmp_path):
+    from swarmnode.identity_work import work_path
+    from swarmnode.swarm.wire import work
+
+    key = tmp_path / "node.key"
+    proc = subprocess.run(
+        [sys.executable, "-m", "swarmnode.cli", "keygen", "--out", str(key), "--work-bits", "10"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    identity = Identity.load(key)
+    assert proc.stdout == identity.peer_id + "\n"
+    assert "minting the identity's proof of work (10 bits" in proc.stderr
+    stored = json.loads(work_path(key).read_text())
+    assert stored["bits"] == 10 and work.has_work(identity.public_key, bytes.fromhex(stored["nonce"]), 10)
+    assert stat.S_IMODE(os.stat(work_path(key)).st_mode) == 0o600
+
+    tiny = subprocess.run(
+        [sys.executable, "-m", "swarmnode.cli", "keygen", "--out", str(tmp_path / "t.key"),
+         "--config", "node_configs/tiny.yaml"],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert tiny.returncode == 0, tiny.stderr
+    assert json.loads(work_path(tmp_path / "t.key").read_text())["bits"] == 8  # the config's d

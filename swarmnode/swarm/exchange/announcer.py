@@ -44,7 +44,8 @@ STOP_JOIN_S = 15.0  # a put in flight when stop() is called ends within the tran
 class Announcer:
     """Puts this node's roster card into the DHT at ``start``, every ``period_s`` (``ttl_s`` /
     ANNOUNCES_PER_TTL) after, and an offline card at ``stop``. ``roster_size`` (the peers of our swarm
-    currently known) feeds the wrong-swarm check."""
+    currently known) feeds the wrong-swarm check. Every card carries ``work_nonce``, the identity's proof
+    of work (``swarm.wire.work``; b"" for none)."""
 
     def __init__(
         self,
@@ -57,6 +58,7 @@ class Announcer:
         extra: Mapping[str, Any],
         ttl_s: float,
         roster_size: Callable[[], int],
+        work_nonce: bytes = b"",
     ):
         self.transport = transport
         self.identity = identity
@@ -64,6 +66,7 @@ class Announcer:
         self.model_name = model_name
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.extra = dict(extra)
+        self.work_nonce = work_nonce  # the identity's proof of work (swarm.wire.work), in every card
         self.ttl_s = ttl_s
         self.period_s = ttl_s / ANNOUNCES_PER_TTL
         self.roster_size = roster_size
@@ -101,6 +104,7 @@ class Announcer:
             timestamp=time.time(),
             seq=seq,
             offline=offline,
+            work_nonce=self.work_nonce,
             extra=self.extra,
         )
 

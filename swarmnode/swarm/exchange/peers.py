@@ -15,9 +15,13 @@ A ``PeerBook`` remembers, for each peer id it has had to judge:
 - **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups and falls
   with every strike. Only ``reputation()`` and ``snapshot()`` read it: peer choice, bans, status and
   metrics do not use it (bans come from strikes).
+- **standing**: a peer has it once this node accepted a verified group of it and while it is not banned
+  (``has_standing``). Identities are cheap, standing is not: the exchange gives peers without it one
+  bounded probation share of its roster, pulls, scoring CPU and waiting (exchange/standing.py).
 
 Memory is bounded: at most ``max_peers`` peers are tracked; the least recently seen peer that is not
-banned makes room for a new one. Lookups (``is_banned``) never create an entry, so probing with made-up
+banned and has no standing makes room for a new one (so a flood of fresh identities cannot push out
+the peers that delivered). Lookups (``is_banned``) never create an entry, so probing with made-up
 peer ids costs nothing. The clock is monotonic; every method is safe to call from several threads.
 
 Who gets charged is the caller's decision (``exchange.verify``): only the peer that signed a message or
@@ -191,6 +195,12 @@ class PeerBook:
             peer.accepted_groups += n_groups
             peer.reputation = min(REPUTATION_MAX, peer.reputation + REPUTATION_PER_GROUP * n_groups)
 
+    def has_standing(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` delivered verified groups here and is not banned now."""
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return peer is not None and peer.accepted_groups > 0 and self.clock() >= peer.banned_until
+
     def reputation(self, peer_id: str) -> float:
         with self._lock:
             peer = self._peers.get(peer_id)
@@ -292,8 +302,12 @@ class PeerBook:
         return peer
 
     def _evict(self, now: float) -> None:
-        """Forget the least recently seen peer that is not banned (if all are: the earliest to expire)."""
-        victim = next((pid for pid, p in self._peers.items() if now >= p.banned_until), None)
+        """Forget the least recently seen peer that is neither banned nor in standing; failing that the
+        least recently seen one not banned; if all are banned, the earliest to expire."""
+        peers = self._peers.items()
+        victim = next((pid for pid, p in peers if now >= p.banned_until and not p.accepted_groups), None)
+        if victim is None:
+            victim = next((pid for pid, p in peers if now >= p.banned_until), None)
         if victim is None:
             victim = min(self._peers, key=lambda pid: self._peers[pid].banned_until)
         del self._peers[victim]

@@ -3,17 +3,26 @@
 A candidate's announcement is checked once (``Verifier.check_announcement``: signature, freshness, seq)
 and, if it names a batch not pulled or accepted yet, that batch becomes *pending* with the holders heard
 of: its author first, then any peer whose notice carried the author's record (at most
-MAX_HOLDERS_PER_BATCH). Pending batches are pulled concurrently, at most MAX_PARALLEL_PULLS at once, each
-from its first holder not backed off, with a timeout proportional to the announced size
-(``pull_timeout_s``). A holder whose pull timed out (or could not be reached) is backed off for
-BACKOFF_BASE_S, doubling per failure up to BACKOFF_MAX_S, so one silent peer holds one pull slot for one
-timeout and is not tried again meanwhile; each holder gets MAX_FETCH_ATTEMPTS tries per batch, then the
-next holder is tried, and a batch no holder can serve is given up (its author is then settled: not
-waited for). An oversized frame costs its sender a strike, "not found" from the author itself half of
-one (NOT_FOUND_STRIKE_WEIGHT). Pending batches are capped at MAX_PENDING (oldest dropped) and expire with
-their announcement.
+MAX_HOLDERS_PER_BATCH). Pending batches are pulled concurrently, at most MAX_PARALLEL_PULLS at once,
+authors with standing first, round-robin across authors within each share, each from its first holder
+not backed off, with a timeout proportional to the announced size (``pull_timeout_s``). A holder whose
+pull timed out (or could not be reached) is backed off for BACKOFF_BASE_S, doubling per failure up to
+BACKOFF_MAX_S, so one silent peer holds one pull slot for one timeout and is not tried again meanwhile;
+each holder gets MAX_FETCH_ATTEMPTS tries per batch (one for an author without standing), then the next
+holder is tried; bytes that are not the announced ones (``hash_mismatch``) charge the holder that sent
+them and the next holder is asked. A batch no holder can serve is given up (its author is then settled:
+not waited for). A holder without standing that held a pull for its whole timeout, or served other bytes
+than announced or none, has had its one chance (``Roster.fail_probation``). An oversized frame costs its
+sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
 
-Threads: ``consider``, ``start_pulls`` and ``take_result`` run on the service thread; the worker pool only
+Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
+PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
+*newest* candidate is dropped (counted in ``dropped``), never an older entry; pending batches expire
+with their announcement. Batches of authors without standing are pulled by their own PROBATION_PULLS
+workers, never by those of the authors with standing, with a shorter base timeout, and only while their
+share of the scoring CPU holds enough for one batch.
+
+Threads: ``consider``, ``start_pulls`` and ``take_result`` run on the service thread; the worker pools only
 calls ``fetch`` and hands the bytes back through a queue. What arrived goes to ``on_pulled``.
 """
 
@@ -32,6 +41,7 @@ from swarmnode.errors import PeerError
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.standing import PENDING_PER_AUTHOR, PROBATION_PENDING, PROBATION_PULLS
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, payload_digest
@@ -43,11 +53,18 @@ MAX_PARALLEL_PULLS = 8
 PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
 PULL_BYTES_PER_S = 512 * 1024
 PULL_TIMEOUT_MAX_S = 10.0  # ... and never longer
+# the base for an author without standing: its one chance; each silent identity holds a probation pull
+# this long, so PROBATION_PULLS / PROBATION_PULL_TIMEOUT_BASE_S silent identities a second are used up
+PROBATION_PULL_TIMEOUT_BASE_S = 1.0
 BACKOFF_BASE_S = 2.0  # a holder whose pull timed out is not tried again for this long, doubling ...
 BACKOFF_MAX_S = 60.0  # ... per consecutive failure up to this
 MAX_BACKOFF_PEERS = 4096  # holders whose back-off is remembered
 MAX_FETCH_ATTEMPTS = 2  # tries per (batch, holder) for timeouts and closed or unreachable streams
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
+# failures that end the probation of a holder without standing: it held a pull slot for a whole timeout,
+# or said it held what it did not. "unreachable" and "closed" cost us little and are what an honest peer
+# behind NAT gives some of its peers: others may still pull its batches through a holder.
+PROBATION_ENDING_FAILURES = frozenset({"timeout", "not_found", "oversize"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
@@ -58,9 +75,10 @@ NOT_FOUND_STRIKE_WEIGHT = 0.5
 Fetch = Callable[..., bytes]  # (holder, digest, *, max_bytes, timeout_s) -> bytes, raising PeerError
 
 
-def pull_timeout_s(payload_len: int) -> float:
-    """How long a pull of ``payload_len`` announced bytes may take."""
-    return min(PULL_TIMEOUT_BASE_S + max(payload_len, 0) / PULL_BYTES_PER_S, PULL_TIMEOUT_MAX_S)
+def pull_timeout_s(payload_len: int, *, standing: bool = True) -> float:
+    """How long a pull of ``payload_len`` announced bytes may take (of an author with ``standing``)."""
+    base_s = PULL_TIMEOUT_BASE_S if standing else PROBATION_PULL_TIMEOUT_BASE_S
+    return min(base_s + max(payload_len, 0) / PULL_BYTES_PER_S, PULL_TIMEOUT_MAX_S)
 
 
 @dataclass
@@ -112,16 +130,25 @@ class Puller:
         self._on_pulled = on_pulled
         self._wake = wake
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
+        self._per_author: Counter[str] = Counter()  # pending batches per author
+        self.dropped: Counter[str] = (
+            Counter()
+        )  # candidates not taken: "author_full", "probation_full", "full"
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
         self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
         self.backoff: OrderedDict[str, tuple[float, int]] = OrderedDict()  # holder -> until, failures
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
-        self._in_flight = 0
-        self._workers = ThreadPoolExecutor(MAX_PARALLEL_PULLS, thread_name_prefix="swarm-pull")
+        # pulls in flight and workers, per share: authors with standing (True) and without (False)
+        self._in_flight = {True: 0, False: 0}
+        self._workers = {
+            True: ThreadPoolExecutor(MAX_PARALLEL_PULLS, thread_name_prefix="swarm-pull"),
+            False: ThreadPoolExecutor(PROBATION_PULLS, thread_name_prefix="swarm-pull-probation"),
+        }
 
     def stop(self) -> None:
         """Pulls in flight end with their own timeouts or the transport's shutdown."""
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        for workers in self._workers.values():
+            workers.shutdown(wait=False, cancel_futures=True)
 
     def consider(self, candidate: Candidate) -> None:
         """Check a candidate's announcement; a new batch becomes pending, a known pending one gains the
@@ -143,44 +170,78 @@ class Puller:
         if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
             self.verifier.count_repeat(announcement, author)
             return
-        while len(self.pending) >= MAX_PENDING:
-            self._forget(next(iter(self.pending)))
+        full = self._full(author)
+        if full:  # the newest is dropped: an entry already pending is never pushed out
+            self.dropped[full] += 1
+            return
         holders = [author] if candidate.holder == author else [author, candidate.holder]
         self.pending[key] = Pending(
             announcement, holders, candidate.via, candidate.get_started, candidate.seen, record_digest,
             candidate.record,
         )  # fmt: skip
         self._by_record[record_digest] = key
+        self._per_author[author] += 1
+
+    def _full(self, author: str) -> str:
+        """Why a new batch of ``author`` cannot be pending now ("" if it can)."""
+        if len(self.pending) >= MAX_PENDING:
+            return "full"
+        if self._per_author[author] >= PENDING_PER_AUTHOR:
+            return "author_full"
+        if not self.book.has_standing(author):
+            on_probation = sum(n for a, n in self._per_author.items() if not self.book.has_standing(a))
+            if on_probation >= PROBATION_PENDING:
+                return "probation_full"
+        return ""
 
     def start_pulls(self) -> None:
+        """Start pulls for pending batches, in ``_pull_order``, while slots are free."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
-        for key, pending in list(self.pending.items()):
-            if pending.pulling:
-                continue
+        for key, pending, standing in self._pull_order():
             if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
                 continue
-            holder = self._next_holder(pending, now)
+            tries = MAX_FETCH_ATTEMPTS if standing else 1
+            holder = self._next_holder(pending, now, tries)
             if holder is None:
-                if not any(pending.attempts[h] < MAX_FETCH_ATTEMPTS for h in pending.holders):
+                if not any(pending.attempts[h] < tries for h in pending.holders):
                     self._give_up(key)  # every holder failed for good
                 continue  # the rest are backed off: later
-            if self._in_flight >= MAX_PARALLEL_PULLS:
-                return
+            if self._in_flight[standing] >= (MAX_PARALLEL_PULLS if standing else PROBATION_PULLS):
+                continue
+            if not standing and not self.verifier.can_score(pending.author):
+                continue
             pending.pulling = True
             pending.attempts[holder] += 1
-            self._in_flight += 1
-            self._workers.submit(self._pull, key, pending.announcement, holder)
+            self._in_flight[standing] += 1
+            self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
+
+    def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
+        """Pending batches not being pulled: authors with standing first, round-robin across authors in
+        each class (an author's batches oldest first), so no author's many batches starve another's."""
+        queues: dict[str, list[tuple[str, bytes]]] = {}
+        for key, pending in self.pending.items():
+            if not pending.pulling:
+                queues.setdefault(key[0], []).append(key)
+        standing = {author: self.book.has_standing(author) for author in queues}
+        order = []
+        for share in (True, False):
+            lanes = [keys for author, keys in queues.items() if standing[author] == share]
+            for turn in range(max(map(len, lanes), default=0)):
+                order.extend(
+                    (keys[turn], self.pending[keys[turn]], share) for keys in lanes if turn < len(keys)
+                )
+        return order
 
     def take_result(self) -> bool:
         """One finished pull, handled; False if none was waiting."""
         try:
-            key, holder, data, error, started, fetched = self._done.get_nowait()
+            key, holder, standing, data, error, started, fetched = self._done.get_nowait()
         except queue.Empty:
             return False
-        self._in_flight -= 1
+        self._in_flight[standing] -= 1
         pending = self.pending.get(key)
-        if pending is None:  # dropped meanwhile (MAX_PENDING)
+        if pending is None:  # given up meanwhile (expired)
             return True
         pending.pulling = False
         ann = pending.announcement
@@ -189,6 +250,10 @@ class Puller:
             "announced_ts": ann.timestamp, "get_started": pending.get_started, "seen": pending.seen,
             "fetch_started": started, "fetched": fetched,
         }  # fmt: skip
+        if error is None and not self.verifier.check_bytes(ann, data, holder):
+            pending.attempts[holder] = MAX_FETCH_ATTEMPTS  # counted and charged; the next holder is asked
+            self.roster.fail_probation(holder)
+            return True
         if error is not None:
             self._failed(key, pending, holder, error, trace)
             return True
@@ -198,17 +263,19 @@ class Puller:
         self._on_pulled(Pulled(pending, holder, data, trace))
         return True
 
-    def _next_holder(self, pending: Pending, now: float) -> str | None:
+    def _next_holder(self, pending: Pending, now: float, tries: int) -> str | None:
         """The first holder with tries left that is not backed off and not banned."""
         for holder in pending.holders:
             backed_off = self.backoff.get(holder, (0.0, 0))[0] > now
-            if pending.attempts[holder] < MAX_FETCH_ATTEMPTS and not backed_off:
-                if not self.book.is_banned(holder):
+            if pending.attempts[holder] < tries and not backed_off:
+                if not self.book.is_banned(holder) and not self.roster.failed_probation(holder):
                     return holder
                 pending.attempts[holder] = MAX_FETCH_ATTEMPTS
         return None
 
-    def _pull(self, key: tuple[str, bytes], announcement: BatchAnnouncement, holder: str) -> None:
+    def _pull(
+        self, key: tuple[str, bytes], announcement: BatchAnnouncement, holder: str, standing: bool
+    ) -> None:
         """Worker thread: fetch only; the result goes back to the service thread."""
         started = time.time()
         data, error = None, None
@@ -217,14 +284,14 @@ class Puller:
                 holder,
                 announcement.payload_sha256,
                 max_bytes=min(announcement.payload_len, MAX_FRAME_BYTES),
-                timeout_s=pull_timeout_s(announcement.payload_len),
+                timeout_s=pull_timeout_s(announcement.payload_len, standing=standing),
             )
         except PeerError as exc:
             error = exc.reason
         except Exception:  # noqa: BLE001 - a worker never dies silently with a slot held
             logger.exception("pull from %s failed", holder)
             error = "closed"
-        self._done.put((key, holder, data, error, started, time.time()))
+        self._done.put((key, holder, standing, data, error, started, time.time()))
         self._wake()
 
     def _failed(self, key: tuple[str, bytes], pending: Pending, holder: str, reason: str, trace: dict):
@@ -234,6 +301,8 @@ class Puller:
             self.state.counters.fetch_failures[reason] += 1
             trace["our_round"] = self.state.round
         self.state.trace("batch", **trace, error=reason)
+        if reason in PROBATION_ENDING_FAILURES:  # a holder without standing had its one chance
+            self.roster.fail_probation(holder)
         if reason in RETRYABLE_FETCH_FAILURES:
             _, failures = self.backoff.pop(holder, (0.0, 0))
             delay = min(BACKOFF_BASE_S * 2**failures, BACKOFF_MAX_S)
@@ -257,3 +326,6 @@ class Puller:
     def _forget(self, key: tuple[str, bytes]) -> None:
         pending = self.pending.pop(key)
         self._by_record.pop(pending.record_digest, None)
+        self._per_author[key[0]] -= 1
+        if self._per_author[key[0]] <= 0:
+            del self._per_author[key[0]]

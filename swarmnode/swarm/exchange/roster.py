@@ -7,28 +7,42 @@ a loaded DHT's roster reads time out, announcements still arrive). A peer silent
 read: ``take_read``) are those that signed something within half a lifetime and are not banned: the ones
 a round waits for. A crashed peer lingers until its card expires; an OFFLINE card removes it at once.
 
-Cards are checked alike wherever they come from: signature and sender, protocol version, task
-fingerprint (peers of another task mix or scorer version are ``incompatible``: skipped, never charged),
-freshness and sequence number (an older card than one admitted is ignored). At most ``MAX_ROSTER_PEERS``
-cards are held; refusals are counted by reason in ``refused``. Every method takes ``lock`` (shared with
-the exchange's state): the round thread reads the roster for status and waits, the service thread admits.
+Cards are checked alike wherever they come from: signature and sender, the identity's proof of work
+(``work_bits``, this swarm's setting: ``no_identity_work`` otherwise), protocol version, task fingerprint
+(peers of another task mix or scorer version are ``incompatible``: skipped, never charged), freshness and
+sequence number (an older card than one admitted is ignored). Refusals are counted by reason in
+``refused``.
+
+Allocation by standing (exchange/standing.py): at most ``MAX_ROSTER_PEERS`` cards are held, of which at
+most ``PROBATION_CARDS`` of peers without standing; a newer probation card replaces the oldest one, and a
+card of a peer with standing replaces a probation card when the roster is full, never the reverse. A peer
+without standing whose one chance failed (``fail_probation``: its batch could not be pulled from it, or
+was rejected) is dropped and refused (``failed_probation``) for PROBATION_RETRY_S. The round waits
+(``to_wait_for``) for live peers with standing; only while none is live, for peers without it, and for
+each of those only until its first miss (``missed``).
+
+Every method takes ``lock`` (shared with the exchange's state): the round thread reads the roster for
+status and waits, the service thread admits.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 
 from swarmnode.common import BoundedSet, log
+from swarmnode.swarm.exchange.compat import card_fingerprint
 from swarmnode.swarm.exchange.peers import PeerBook
-from swarmnode.swarm.exchange.verify import card_fingerprint
-from swarmnode.swarm.wire import codec, dht_rules, limits
+from swarmnode.swarm.exchange.standing import PROBATION_CARDS
+from swarmnode.swarm.wire import codec, dht_rules, limits, work
 from swarmnode.swarm.wire.protocol import RosterCard
 
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
 # roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
 MAX_ROSTER_PEERS = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
+PROBATION_RETRY_S = 600.0  # a peer whose probation failed is refused this long ...
+MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
 
 
 class Roster:
@@ -42,12 +56,16 @@ class Roster:
         ttl_s: float,
         lock: threading.RLock,
         changed: threading.Condition,
+        work_bits: int = 0,
+        clock=time.monotonic,
     ):
         self.own_peer_id = own_peer_id
         self.swarm_id = swarm_id
         self.fingerprint = fingerprint  # our task mix's: cards naming another are incompatible
         self.book = book
         self.ttl_s = ttl_s
+        self.work_bits = work_bits  # the identity work this swarm asks of every card
+        self.clock = clock  # monotonic: probation failures expire by it
         self.lock = lock
         self.changed = changed
         self.cards: dict[str, RosterCard] = {}
@@ -55,6 +73,9 @@ class Roster:
         self.reads = 0  # roster reads so far (0: not yet)
         self.refused: Counter[str] = Counter()  # cards not taken, by reason
         self._heard: dict[str, float] = {}  # peer -> when it signed its newest announcement checked here
+        self._probation: OrderedDict[str, None] = OrderedDict()  # cards without standing, oldest first
+        self._failed: OrderedDict[str, float] = OrderedDict()  # failed probation: peer -> refused until
+        self._missed: set[str] = set()  # peers without standing that missed a round they were waited for
         self._ignored: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
         self._incompatible: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
 
@@ -67,8 +88,8 @@ class Roster:
         with self.lock:
             if peer == self.own_peer_id:
                 return
-            if peer not in self.cards and len(self.cards) >= MAX_ROSTER_PEERS:
-                self.refused["roster_full"] += 1
+            if self.failed_probation(peer):
+                self.refused["failed_probation"] += 1
                 return
             try:
                 card, _ = codec.decode_message(
@@ -77,6 +98,10 @@ class Roster:
             except limits.ProtocolError as exc:
                 self.refused[exc.reason] += 1
                 self._ignore(peer, f"roster card rejected ({exc.reason})")
+                return
+            if not work.card_has_work(card, self.work_bits):
+                self.refused["no_identity_work"] += 1
+                self._ignore(peer, f"its identity lacks the swarm's proof of work ({self.work_bits} bits)")
                 return
             if card.protocol_version != limits.PROTOCOL_VERSION:
                 self._ignore(peer, f"speaks protocol v{card.protocol_version}")
@@ -98,9 +123,52 @@ class Roster:
             if seen_as == "superseded":  # older than a card already admitted (a lagging replica's)
                 return
             if card.offline:  # it stopped cleanly: not waited for, until a later online card says otherwise
-                self.cards.pop(peer, None)
-            else:
+                self._remove(peer)
+            elif peer in self.cards or self._make_room(peer):
                 self.cards[peer] = card
+
+    def _make_room(self, peer: str) -> bool:
+        """Room for a new card of ``peer`` (module docstring: allocation by standing); False: refused."""
+        self._probation = OrderedDict((p, None) for p in self._probation if not self.book.has_standing(p))
+        standing = self.book.has_standing(peer)
+        if not standing and len(self._probation) >= PROBATION_CARDS or len(self.cards) >= MAX_ROSTER_PEERS:
+            if not self._probation:
+                self.refused["roster_full"] += 1
+                return False
+            self._remove(next(iter(self._probation)))  # the oldest probation card makes room
+        if not standing:
+            self._probation[peer] = None
+        return True
+
+    def fail_probation(self, peer: str) -> None:
+        """``peer`` had no standing and its one chance failed (its batch could not be pulled from it, or
+        was rejected): dropped, and refused for PROBATION_RETRY_S."""
+        with self.lock:
+            if self.book.has_standing(peer):
+                return
+            self._remove(peer)
+            self._failed.pop(peer, None)
+            self._failed[peer] = self.clock() + PROBATION_RETRY_S
+            while len(self._failed) > MAX_FAILED_PROBATION:
+                self._failed.popitem(last=False)
+
+    def failed_probation(self, peer: str) -> bool:
+        """Whether ``peer`` is refused now for a failed probation."""
+        with self.lock:
+            until = self._failed.get(peer)
+            if until is None:
+                return False
+            if self.clock() < until and not self.book.has_standing(peer):
+                return True
+            del self._failed[peer]
+            return False
+
+    def _remove(self, peer: str) -> None:
+        self.cards.pop(peer, None)
+        self._probation.pop(peer, None)
+        self._heard.pop(peer, None)
+        self._missed.discard(peer)
+        self.live.discard(peer)
 
     def take_read(self, cards: list[tuple[str, bytes]]) -> set[str]:
         """A roster read's (peer, card record) pairs: admit them, forget silent peers, recompute ``live``
@@ -110,9 +178,7 @@ class Roster:
             for peer, record in cards:
                 self.admit(peer, record, now)
             for peer in [p for p in self.cards if now - self._signed_last(p) > self.ttl_s]:
-                del self.cards[peer]
-            for peer in [p for p in self._heard if p not in self.cards]:
-                del self._heard[peer]
+                self._remove(peer)
             self.live = {
                 peer
                 for peer in self.cards
@@ -121,6 +187,18 @@ class Roster:
             self.reads += 1
             self.changed.notify_all()
             return set(self.live)
+
+    def to_wait_for(self) -> set[str]:
+        """The live peers a round waits for (module docstring): those with standing; while none is live,
+        those without it that have not missed a round yet."""
+        with self.lock:
+            standing = {peer for peer in self.live if self.book.has_standing(peer)}
+            return standing or {peer for peer in self.live if peer not in self._missed}
+
+    def missed(self, peers: set[str]) -> None:
+        """``peers`` were waited for and did not deliver: those without standing are not waited for again."""
+        with self.lock:
+            self._missed.update(p for p in peers if p in self.cards and not self.book.has_standing(p))
 
     def heard_from(self, peer: str, signed_at: float) -> None:
         """A roster peer's new announcement passed its checks (signature, freshness): it is alive."""

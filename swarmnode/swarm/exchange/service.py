@@ -13,8 +13,9 @@ A peer's batch takes four stages, each handed what it uses and passing its resul
 This module runs them. The service thread drains the inbox, starts pulls and handles finished ones,
 pulls first and again after each verification (pulls wait on the network, verifying a batch takes CPU).
 A reader thread of its own makes the DHT reads (the roster every ROSTER_REFRESH_S, sooner when parked
-notices ask; the announcement poll every POLL_INTERVAL_S, the floor under notices), so a slow DHT delays
-only the next read, never a notice or a pull. The service thread is the only one that calls the
+notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll every POLL_INTERVAL_S, the floor under
+notices, of at most MAX_POLL_KEYS members), so a slow DHT delays only the next read, never a notice or a
+pull. The service thread is the only one that calls the
 ``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters);
 the tokenizer is never touched here (verification scores completion *text*); the ``TaskBank`` is the
 verifier's own copy.
@@ -42,7 +43,8 @@ from swarmnode.swarm.net.transport import Transport
 
 logger = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys)
+POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys) ...
+MAX_POLL_KEYS = 64  # ... of at most this many roster members, whatever the roster's size
 ROSTER_REFRESH_S = 2.0  # the roster (who is live) is re-read this often
 # one roster read or poll; on the reader thread, so a slow DHT delays only the next read
 DHT_READ_TIMEOUT_S = 10.0
@@ -89,6 +91,7 @@ class ExchangeService:
         transport.serve(NOTICE_STREAM, self.notices.handle)
         transport.serve(reachability.DIALBACK_STREAM, self.dialback.handle)
         self._threads: list[threading.Thread] = []
+        self._poll_offset = 0  # where the next poll's page of roster members starts
 
     def start(self) -> None:
         self._threads = [
@@ -147,8 +150,10 @@ class ExchangeService:
         def step() -> None:
             nonlocal next_roster, next_poll, last_roster
             now = time.monotonic()
-            if self._read_roster_now.is_set() and now >= last_roster + ROSTER_MIN_GAP_S:
-                next_roster = now
+            if (
+                self._read_roster_now.is_set()
+            ):  # parked notices want a read: as soon as the gap since the last one allows
+                next_roster = min(next_roster, last_roster + ROSTER_MIN_GAP_S)
             if now >= next_roster:
                 self._read_roster_now.clear()
                 last_roster = now
@@ -157,10 +162,24 @@ class ExchangeService:
             elif now >= next_poll:
                 get_started = time.time()
                 found = dht.read_announcements(
-                    self.transport.records, self.swarm_id, self.roster.members(), DHT_READ_TIMEOUT_S
+                    self.transport.records, self.swarm_id, self._poll_page(), DHT_READ_TIMEOUT_S
                 )
                 self.inbox.add_polled(found, get_started)
                 next_poll = time.monotonic() + POLL_INTERVAL_S
-            self._read_roster_now.wait(max(min(next_roster, next_poll) - time.monotonic(), 0.0))
+            wake_at = min(next_roster, next_poll)
+            if self._read_roster_now.is_set():  # asked already: waiting on the set event would spin
+                self._stop.wait(max(min(wake_at, last_roster + ROSTER_MIN_GAP_S) - time.monotonic(), 0.0))
+            else:
+                self._read_roster_now.wait(max(wake_at - time.monotonic(), 0.0))
 
         self._guarded(step, "DHT read")
+
+    def _poll_page(self) -> list[str]:
+        """The roster members whose announcement keys this poll reads: at most MAX_POLL_KEYS, rotating
+        through the roster from one poll to the next (PROTOCOL.md section 9.1)."""
+        members = self.roster.members()
+        if len(members) <= MAX_POLL_KEYS:
+            return members
+        start = self._poll_offset % len(members)
+        self._poll_offset = start + MAX_POLL_KEYS
+        return (members[start:] + members[:start])[:MAX_POLL_KEYS]

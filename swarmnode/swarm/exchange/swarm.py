@@ -6,7 +6,8 @@ the node (1) puts its local groups into one signed RolloutBatch, offers the payl
 announcement to every roster peer (``net.notices``) and stores it in the DHT; (2) takes from the pool
 that the service (``exchange.service``, beside the round loop) keeps filled with verified peer groups,
 waiting (on ``state.changed``, never past the share deadline) only while the pool lacks J informative
-groups that arrived this round and some live peer has not delivered since our last round; (3) chooses J
+groups that arrived this round and some live peer has not delivered since our last round (peers without
+standing only while no live peer has it, and until their first miss: ``Roster.to_wait_for``); (3) chooses J
 peer groups (``GroupPool.select``: zero-advantage groups dropped after local re-scoring, round-robin
 across producers, at most ``producer_cap(J)`` from one). Each peer group is trained on at most once.
 
@@ -27,15 +28,17 @@ from swarmnode.config import NodeConfig
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.exchange import records
 from swarmnode.swarm.exchange.announcer import Announcer
+from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
+from swarmnode.swarm.exchange.standing import ScoringBudget
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.status import DHTHealth, SwarmStatus, write_status
-from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier, roster_extra
+from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.net import dht, notices
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, convert, dht_rules, limits, protocol
+from swarmnode.swarm.wire import codec, convert, dht_rules, limits, protocol, work
 
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
 
@@ -53,7 +56,14 @@ class Swarm:
         identity_path: Path,
         run_dir: Path,
         on_status: Callable[[SwarmStatus], None] | None = None,
+        work_nonce: bytes = b"",
     ):
+        """``work_nonce``: the identity's proof of work (``identity_work.load_or_mint_work``), at least
+        ``swarm.identity_work_bits``: peers refuse a card without it, so a node without it stops here."""
+        if not work.has_work(identity.public_key, work_nonce, cfg.swarm.identity_work_bits):
+            raise ValueError(
+                f"work_nonce does not prove swarm.identity_work_bits = {cfg.swarm.identity_work_bits}"
+            )
         self.cfg = cfg
         self.swarm_id = limits.validate_swarm_id(cfg.swarm.swarm_id)
         self.identity = identity
@@ -69,17 +79,19 @@ class Swarm:
         # the verifier runs on the service thread: its own TaskBank (the dataset cache is not safe to share
         # with the sampling thread)
         self.verifier = Verifier(
-            copy.deepcopy(bank), self.swarm_id, self.book, max_age_s=self.ttl_s, limits=receive_limits
-        )
+            copy.deepcopy(bank), self.swarm_id, self.book, max_age_s=self.ttl_s, limits=receive_limits,
+            scoring=ScoringBudget(self.book.has_standing),
+        )  # fmt: skip
         self.state = ExchangeState(records.ShareTrace(run_dir))
         self.roster = Roster(
             own_peer_id=identity.peer_id, swarm_id=self.swarm_id, fingerprint=bank.fingerprint,
             book=self.book, ttl_s=self.ttl_s, lock=self.state.lock, changed=self.state.changed,
+            work_bits=cfg.swarm.identity_work_bits,
         )  # fmt: skip
         self.announcer = Announcer(
             self.transport, identity, self.swarm_id, model_name=policy.name,
             tokenizer_fingerprint=policy.tokenizer_fingerprint, extra=roster_extra(bank.fingerprint),
-            ttl_s=self.ttl_s, roster_size=lambda: len(self.roster),
+            ttl_s=self.ttl_s, roster_size=lambda: len(self.roster), work_nonce=work_nonce,
         )  # fmt: skip
         self.service = ExchangeService(
             transport=self.transport, swarm_id=self.swarm_id, roster=self.roster, verifier=self.verifier,
@@ -176,8 +188,9 @@ class Swarm:
         self.publish(round_, policy_version, local, deadline)
         with state.lock:
             # The peers to wait for are read once (the service's last roster read): one joining
-            # mid-exchange has no batch for it yet. Bounded: each wait ends by the deadline.
-            live = set(self.roster.live)
+            # mid-exchange has no batch for it yet; peers without standing only as ``to_wait_for`` says.
+            # Bounded: each wait ends by the deadline.
+            live = self.roster.to_wait_for()
             while True:
                 # banned meanwhile, or gone from the roster (an offline card): stop waiting
                 live = {peer for peer in live if peer in self.roster.cards and not self.book.is_banned(peer)}
@@ -187,6 +200,7 @@ class Swarm:
                     break
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))
             delivered = len(live & state.settled)
+            self.roster.missed(live - state.settled)
             state.settled.clear()
             state.round = round_ + 1  # batches arriving from now on are fresh for our next round
             chosen = state.pool.select(wanted)

@@ -48,7 +48,6 @@ Not thread-safe: call a ``Verifier`` from one thread (the ``PeerBook`` itself ma
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -59,6 +58,7 @@ from swarmnode.config import SamplingConfig
 from swarmnode.errors import ConfigError, TaskError
 from swarmnode.rollouts import RolloutGroup, TaskRef
 from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.standing import ScoringBudget
 from swarmnode.swarm.wire.codec import check_payload, decode_message
 from swarmnode.swarm.wire.convert import batch_provenance, completion_from_wire, task_from_wire
 from swarmnode.swarm.wire.dht_rules import announce_ttl_s
@@ -74,7 +74,7 @@ from swarmnode.swarm.wire.limits import (
     check_fresh,
     payload_digest,
 )
-from swarmnode.swarm.wire.protocol import BatchAnnouncement, RolloutBatch, RosterCard, WireGroup, WireTask
+from swarmnode.swarm.wire.protocol import BatchAnnouncement, RolloutBatch, WireGroup, WireTask
 from swarmnode.tasks import AUDITED_DATASETS, CODE_EVAL_SCORERS, TaskBank
 
 log = logging.getLogger(__name__)
@@ -112,25 +112,6 @@ SCORE_BUDGET_WALL_S = 6.0  # wall seconds for the same: bounds the round's wait 
 # 2-core host: the costly hostile batch got 1.1 s of CPU in the 6 s wall budget.
 WALL_OVERRUN_CHARGE_FRACTION = 0.25
 TEXT_BYTES_PER_TOKEN = 16  # a completion of n tokens holds at most n x this many bytes of text here
-
-
-# Roster card field (v1: an optional field, carried like unknown fields) naming the sender's task mix and
-# scorer version (``TaskBank.fingerprint``). A node pulls batches only from peers whose card carries its
-# own: any other peer may score differently (another reasoning-gym, another mix), so its groups would
-# look like bad_task or reward_mismatch and an honest peer would be banned. Skipped peers are not charged.
-TASK_FINGERPRINT_FIELD = "task_fingerprint"
-_FINGERPRINT_RE = re.compile(r"[0-9a-f]{32}")
-
-
-def roster_extra(fingerprint: str) -> dict[str, str]:
-    """The extra fields of this node's roster card."""
-    return {TASK_FINGERPRINT_FIELD: fingerprint}
-
-
-def card_fingerprint(card: RosterCard) -> str | None:
-    """The task fingerprint a roster card advertises, or None (none, or not one)."""
-    value = card.extra.get(TASK_FINGERPRINT_FIELD)
-    return value if isinstance(value, str) and _FINGERPRINT_RE.fullmatch(value) else None
 
 
 @dataclass(frozen=True)
@@ -188,10 +169,12 @@ class Verifier:
         reward_tolerance: float = 1e-3,
         max_age_s: float = DEFAULT_MAX_AGE_S,
         limits: ReceiveLimits | None = None,
+        scoring: ScoringBudget | None = None,
     ) -> None:
         """``clock`` is wall-clock unix time (message timestamps); ``max_age_s`` is how old an
         announcement or batch may be on arrival: ``dht_rules.announce_ttl_s(round period)``; ``limits``
-        what this node takes and spends per batch (default: wire maxima, default budget).
+        what this node takes and spends per batch (default: wire maxima, default budget); ``scoring``
+        the CPU all batches of a share may take together (exchange/standing.py; None: only per batch).
 
         Raises ConfigError if the bank's mix has a dataset whose scorer evaluates answer text as code
         (``tasks.CODE_EVAL_SCORERS``): scoring peers' completions with it would let them run code here;
@@ -215,6 +198,7 @@ class Verifier:
         self.bank = bank
         self.swarm_id = swarm_id
         self.limits = limits or ReceiveLimits()
+        self.scoring = scoring
         self.monotonic = time.monotonic  # the wall-budget clock (tests replace it)
         self.book = book
         self.clock = clock
@@ -276,6 +260,19 @@ class Verifier:
         )
 
     # --- payloads --------------------------------------------------------------------------------
+    def can_score(self, author: str) -> bool:
+        """Whether the share of the scoring CPU ``author`` belongs to holds enough for a batch now."""
+        return self.scoring is None or self.scoring.can_score(author)
+
+    def check_bytes(self, announcement: BatchAnnouncement, data: bytes, holder: str) -> bool:
+        """Whether ``data`` are the announced bytes (length, sha256); if not, ``hash_mismatch`` is counted
+        and charged to ``holder``, whose stream sent them (the batch's other holders may still serve it)."""
+        if len(data) == announcement.payload_len and payload_digest(data) == announcement.payload_sha256:
+            return True
+        self._count("hash_mismatch", holder, f"{len(data)} bytes do not match the announced payload")
+        self.book.strike(holder, "hash_mismatch")
+        return False
+
     def check_batch(
         self, announcement: BatchAnnouncement, data: bytes, stream_peer: str
     ) -> list[RolloutGroup]:
@@ -374,34 +371,47 @@ class Verifier:
         return ref
 
     def _score(self, batch: RolloutBatch, refs: list[TaskRef]) -> list[RolloutGroup]:
+        """Score every group within the budget: the per-batch one, or what the author's share of the
+        scoring CPU holds if less (an overrun of the share's part alone is not the sender's fault)."""
         provenance = batch_provenance(batch)
         groups = []
         cpu_start, wall_start = time.thread_time(), self.monotonic()
-        cpu_budget, wall_budget = self.limits.score_cpu_s, self.limits.score_wall_s
+        per_batch_cpu, wall_budget = self.limits.score_cpu_s, self.limits.score_wall_s
+        cpu_budget = (
+            per_batch_cpu
+            if self.scoring is None
+            else min(per_batch_cpu, self.scoring.available(batch.peer_id))
+        )
 
         def check_budget() -> None:  # before every answer: the overshoot is at most one answer's cost
             cpu, wall = time.thread_time() - cpu_start, self.monotonic() - wall_start
             if cpu > cpu_budget or wall > wall_budget:
-                charged = cpu > cpu_budget or cpu >= WALL_OVERRUN_CHARGE_FRACTION * cpu_budget
+                charged = cpu > per_batch_cpu or cpu >= WALL_OVERRUN_CHARGE_FRACTION * per_batch_cpu
                 spent = (
                     f"{cpu:.3f} s CPU, {wall:.3f} s wall (budget {cpu_budget} s CPU, {wall_budget} s wall)"
                 )
                 raise _Rejected("over_budget", spent, charged=charged)
 
-        for i, (sent, ref) in enumerate(zip(batch.groups, refs, strict=True)):
-            wire = self._within_caps(i, sent, batch.peer_id)
-            if wire is None:
-                continue
-            check_budget()
-            question = self.bank.question(ref)
-            completions = [completion_from_wire(c) for c in wire.completions]
-            group = self.bank.score_group(question, completions, provenance, before_each=check_budget)
-            for j, (claimed, score) in enumerate(zip(wire.claimed_rewards, group.task_scores, strict=True)):
-                if not abs(claimed - score) <= self.reward_tolerance:
-                    raise _Rejected(
-                        "reward_mismatch", f"groups[{i}].claimed_rewards[{j}] = {claimed}, recomputed {score}"
-                    )
-            groups.append(group)
+        try:
+            for i, (sent, ref) in enumerate(zip(batch.groups, refs, strict=True)):
+                wire = self._within_caps(i, sent, batch.peer_id)
+                if wire is None:
+                    continue
+                check_budget()
+                question = self.bank.question(ref)
+                completions = [completion_from_wire(c) for c in wire.completions]
+                group = self.bank.score_group(question, completions, provenance, before_each=check_budget)
+                claims = zip(wire.claimed_rewards, group.task_scores, strict=True)
+                for j, (claimed, score) in enumerate(claims):
+                    if not abs(claimed - score) <= self.reward_tolerance:
+                        raise _Rejected(
+                            "reward_mismatch",
+                            f"groups[{i}].claimed_rewards[{j}] = {claimed}, recomputed {score}",
+                        )
+                groups.append(group)
+        finally:
+            if self.scoring is not None:
+                self.scoring.spend(batch.peer_id, time.thread_time() - cpu_start)
         return groups
 
     # --- bookkeeping -----------------------------------------------------------------------------

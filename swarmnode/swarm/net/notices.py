@@ -11,12 +11,16 @@ exchange service, and the batch pulled is checked against the author's signature
 card lets a receiver whose roster reads time out (a loaded DHT) learn of the author at once.
 
 Receiving (``NoticeReceiver.handle``, on the transport's event loop; it never blocks it): a sender the
-peer filter refuses, or one past MAX_NOTICE_STREAMS streams at once, is closed unread; each sender spends
-one token of a bucket refilled at NOTICES_PER_MIN (NOTICE_BURST deep; MAX_NOTICE_SENDERS senders
-remembered); the frame must arrive within NOTICE_READ_TIMEOUT_S and a length over MAX_NOTICE_BYTES is
-refused before the body. A well-formed notice goes to ``on_notice(record, author, holder, card)`` (the
-service's non-blocking ``add_candidate``), which returns False when its bounded queue is full. Every
-outcome is counted in ``counts`` by ``NOTICE_OUTCOMES``; none escapes.
+peer filter refuses, or one past MAX_NOTICE_STREAMS streams at once, is closed unread; so is one whose
+origin network (``net.origins``: the stream's IPv4 /24 or IPv6 /48) already brought
+``swarm.identities_per_origin`` other peer ids in the last ``origins.ORIGIN_MEMORY_S`` (``origin_cap``),
+and a notice carrying another author's card from such an origin is dropped the same way, so one network
+cannot fill the roster with free identities through notices; each sender spends one token of a bucket
+refilled at NOTICES_PER_MIN (NOTICE_BURST deep; MAX_NOTICE_SENDERS senders remembered); the frame must
+arrive within NOTICE_READ_TIMEOUT_S and a length over MAX_NOTICE_BYTES is refused before the body. A
+well-formed notice goes to ``on_notice(record, author, holder, card)`` (the service's non-blocking
+``add_candidate``), which returns False when its bounded queue is full. Every outcome is counted in
+``counts`` by ``NOTICE_OUTCOMES``; none escapes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from swarmnode.config import SwarmConfig
+from swarmnode.swarm.net.origins import OriginCaps
 from swarmnode.swarm.wire.framing import FRAME_HEADER_BYTES, encode_frame_header, parse_frame_header
 from swarmnode.swarm.wire.limits import MAX_PEER_ID_BYTES, MAX_RECORD_BYTES, ProtocolError
 
@@ -47,7 +53,7 @@ MAX_NOTICE_SENDERS = 4096  # senders whose token bucket is remembered (least rec
 MAX_NOTICE_STREAMS = 32  # notice streams read at once, all senders together
 MAX_PARALLEL_NOTICE_SENDS = 32  # streams this node opens at once to send one notice to its peers
 NOTICE_OUTCOMES = (
-    "received", "refused", "rate_limited", "oversize", "bad_frame", "timeout", "queue_full",
+    "received", "refused", "origin_cap", "rate_limited", "oversize", "bad_frame", "timeout", "queue_full",
     "unknown_author", "errors",
 )  # fmt: skip
 
@@ -83,11 +89,20 @@ def parse_notice(body: bytes) -> tuple[str, bytes, bytes]:
 
 
 class NoticeReceiver:
-    """The notice stream handler and its bounds (module docstring); ``counts`` is thread-safe to read."""
+    """The notice stream handler and its bounds (module docstring); ``counts`` is thread-safe to read.
 
-    def __init__(self, on_notice: Callable[[bytes, str, str, bytes], bool], allow: Callable[[str], bool]):
+    ``origins``: the identities-per-origin cap (``OriginCaps.from_config(transport.swarm)``); without it,
+    the config's defaults."""
+
+    def __init__(
+        self,
+        on_notice: Callable[[bytes, str, str, bytes], bool],
+        allow: Callable[[str], bool],
+        origins: OriginCaps | None = None,
+    ):
         self._on_notice = on_notice
         self._allow = allow
+        self.origins = origins if origins is not None else OriginCaps.from_config(SwarmConfig())
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()  # the service counts unknown authors from its own thread
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # sender -> tokens, refilled at
@@ -118,6 +133,10 @@ class NoticeReceiver:
             if self._streams >= MAX_NOTICE_STREAMS or not self._allow(holder):
                 self.count("refused")
                 return
+            origin = self.origins.origin(getattr(info, "addr", ""))
+            if not self.origins.admit(origin, holder):
+                self.count("origin_cap")
+                return
             if not self._take_token(holder, time.monotonic()):
                 self.count("rate_limited")
                 return
@@ -125,6 +144,9 @@ class NoticeReceiver:
             reading = True
             body = await asyncio.wait_for(_read_frame(reader), NOTICE_READ_TIMEOUT_S)
             author, record, card = parse_notice(body)
+            if card and author != holder and not self.origins.admit(origin, author):
+                self.count("origin_cap")  # a card brings its author into the roster: one more identity
+                return
             self.count("received" if self._on_notice(record, author, holder, card) else "queue_full")
         except TimeoutError:
             self.count("timeout")

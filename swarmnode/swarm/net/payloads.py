@@ -9,13 +9,23 @@ deadlines.
 Serving is bounded so that no peer can exhaust the node: at most ``max_streams_per_peer`` concurrent
 pulls per remote peer and ``max_streams`` in all (extra streams are closed unanswered), the 32-byte
 request must arrive within ``request_timeout_s`` (``PULL_REQUEST_TIMEOUT_S``, sub-second: a puller writes
-it as soon as the stream opens) and the answer must be taken within ``serve_timeout_s``. Slots are kept
-for peers in good standing (``set_peer_standing``: the swarm says which, peers whose groups it accepted
-and that are not struck): peers not in good standing share at most ``max_streams`` x (1 -
-``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known peer. A stream that
-finds its slots full evicts the oldest stream of that share still waiting for its request (``evicted``):
-an idle stream costs its holder the slot, not the next honest puller. The handler runs on the
-transport's event loop and never blocks it; every failure is counted, none escapes.
+it as soon as the stream opens) and an answer of n bytes must be taken within SERVE_BASE_S + n /
+SERVE_MIN_BYTES_PER_S, at most ``serve_timeout_s`` (SERVE_MAX_S): a stream past it is aborted and its
+slot freed. That is never shorter than a puller waits (``exchange.puller.pull_timeout_s``: 3 s + n / 512
+KiB/s, at most 10 s), so serving never gives up on a pull its puller still waits for.
+
+Slots are kept for peers in good standing (``set_peer_standing``: the swarm says which, peers whose
+groups it accepted and that are not struck): peers not in good standing share at most ``max_streams`` x
+(1 - ``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known peer; of those,
+one origin network (``net.origins``: IPv4 /24, IPv6 /48; loopback exempt unless configured otherwise)
+holds at most MAX_OPEN_STREAMS_PER_ORIGIN (``origin_cap``). A stream that finds its slots full evicts
+(``evicted``) the oldest stream of that share still waiting for its request, else the oldest *stalled*
+one of a peer holding more streams than the newcomer would: a stream being served for over SERVE_BASE_S
+whose reader took less than SERVE_MIN_BYTES_PER_S since (a reader that asked and never reads). An idle
+or stalled stream costs its holder the slot, not the next honest puller; and a peer cannot evict its
+way past its fair share, so Sybils that ask and never read cannot churn each other out to keep every
+slot fresh. The handler runs on the transport's event loop and never blocks it; every failure is
+counted, none escapes.
 """
 
 from __future__ import annotations
@@ -24,12 +34,14 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from swarmnode.errors import PeerError, TransportError
+from swarmnode.swarm.net.origins import origin_of
 from swarmnode.swarm.wire.framing import PULL_REQUEST_BYTES, encode_frame_header, parse_pull_request
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
 
@@ -40,21 +52,34 @@ logger = logging.getLogger(__name__)
 MAX_HELD_PAYLOAD_BYTES = 32 * 1024 * 1024
 WRITE_CHUNK_BYTES = 64 * 1024  # bytes written per drain: bounds each served stream's send buffer
 PULL_REQUEST_TIMEOUT_S = 0.75  # the 32-byte request must arrive this soon after the stream opens
+SERVE_BASE_S = 3.0  # an answer of n bytes must be taken within SERVE_BASE_S + n / SERVE_MIN_BYTES_PER_S ...
+SERVE_MIN_BYTES_PER_S = 256 * 1024  # ... (half the rate a puller waits for) ...
+SERVE_MAX_S = 15.0  # ... and at most this (a 4 MiB answer: 15 s; a puller waits at most 10 s)
 RESERVED_SLOT_SHARE = 0.5  # share of max_streams only peers in good standing may use
+MAX_OPEN_STREAMS_PER_ORIGIN = 8  # of the open share, streams from one IPv4 /24 or IPv6 /48 (a quarter)
 SERVING_COUNTERS = (
-    "served", "served_bytes", "not_found", "refused", "evicted", "bad_request", "aborted", "errors",
+    "served", "served_bytes", "not_found", "refused", "origin_cap", "evicted", "bad_request", "aborted",
+    "errors",
 )  # fmt: skip
 
 
 @dataclass(eq=False)
 class _Slot:
-    """One stream being served: who holds it, from which share, whether its request is still awaited."""
+    """One stream being served: who holds it, from which share and origin, whether its request is still
+    awaited, and since when (loop time) it is answered and how many bytes its reader took."""
 
     peer: str
     good: bool
     writer: asyncio.StreamWriter
+    origin: str | None = None  # counted against MAX_OPEN_STREAMS_PER_ORIGIN (open share only)
     idle: bool = True
     released: bool = False
+    answered_at: float = 0.0
+    sent: int = 0
+
+    def stalled(self, now: float) -> bool:
+        """Answered for over SERVE_BASE_S and its reader took less than SERVE_MIN_BYTES_PER_S since."""
+        return not self.idle and self.sent < (now - self.answered_at - SERVE_BASE_S) * SERVE_MIN_BYTES_PER_S
 
 
 class PayloadServer:
@@ -62,8 +87,11 @@ class PayloadServer:
 
     ``stats`` counters (the transport counts its pulls in the same dict): served / served_bytes
     (payloads sent), not_found (asked for a digest we do not hold), refused (stream closed unanswered:
-    filter or caps), evicted (an idle stream closed to make room for a new one), bad_request (no or short
-    request in time), aborted (the puller left or was too slow), errors (anything else in the handler).
+    filter or caps), origin_cap (refused: its origin holds MAX_OPEN_STREAMS_PER_ORIGIN), evicted (an idle
+    or stalled stream closed to make room for a new one), bad_request (no or short request in time),
+    aborted (the puller left or took the answer too slowly), errors (anything else in the handler).
+    ``exempt_loopback`` (the transport sets it from ``swarm.origin_cap_exempt_loopback``): loopback
+    streams have no origin.
     """
 
     def __init__(
@@ -73,7 +101,7 @@ class PayloadServer:
         max_streams_per_peer: int = 4,
         max_streams: int = 64,
         request_timeout_s: float = PULL_REQUEST_TIMEOUT_S,
-        serve_timeout_s: float = 30.0,
+        serve_timeout_s: float = SERVE_MAX_S,
     ):
         if payload_capacity < 1:
             raise ValueError("payload_capacity must be >= 1")
@@ -91,11 +119,15 @@ class PayloadServer:
         self._allow: Callable[[str], bool] = lambda _peer: True
         self._good: Callable[[str], bool] = lambda _peer: False
         self.open_slots = max_streams - int(max_streams * RESERVED_SLOT_SHARE)  # for any peer
-        # loop thread only: peer id -> streams served; streams by share; idle streams, oldest first
+        self.exempt_loopback = True
+        # loop thread only: peer id -> streams served; streams by share; open-share streams per origin;
+        # idle streams and streams being answered, oldest first
         self._active: dict[str, int] = {}
         self._active_total = 0
         self._active_open = 0  # streams of peers not in good standing
+        self._per_origin: dict[str, int] = {}
         self._idle: OrderedDict[_Slot, None] = OrderedDict()
+        self._answering: OrderedDict[asyncio.StreamWriter, _Slot] = OrderedDict()
 
     def count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
@@ -149,34 +181,68 @@ class PayloadServer:
             logger.exception("peer standing raised for %s; treating it as unknown", peer_id)
             return False
 
-    def _take_slot(self, peer: str, writer: asyncio.StreamWriter) -> _Slot | None:
-        """A slot for a new stream of ``peer``, evicting the oldest idle stream of its share if need be;
-        None if there is none (the stream is refused)."""
-        if self._active.get(peer, 0) >= self.max_streams_per_peer:
+    def _take_slot(self, peer: str, writer: asyncio.StreamWriter, origin: str | None = None) -> _Slot | None:
+        """A slot for a new stream of ``peer`` from ``origin``, evicting an idle or stalled stream of its
+        share if need be (module docstring); None if there is none (the stream is refused)."""
+        held = self._active.get(peer, 0)
+        if held >= self.max_streams_per_peer:
             return None
         good = self._in_good_standing(peer)
+        origin = None if good else origin
+        if origin is not None and self._per_origin.get(origin, 0) >= MAX_OPEN_STREAMS_PER_ORIGIN:
+            self.count("origin_cap")
+            return None
         full_total = self._active_total >= self.max_streams
         if good and full_total or not good and (full_total or self._active_open >= self.open_slots):
-            # the oldest idle stream this one competes with: any for a good peer, an open-share one otherwise
-            victim = next((s for s in self._idle if good or not s.good), None)
+            victim = self._victim(good, held + 1, time.monotonic())
             if victim is None:
                 return None
             self._release(victim)
             self.count("evicted")
-            with contextlib.suppress(Exception):
-                victim.writer.close()
-        slot = _Slot(peer, good, writer)
-        self._active[peer] = self._active.get(peer, 0) + 1
+            _abort(victim.writer)
+        slot = _Slot(peer, good, writer, origin)
+        self._active[peer] = held + 1
         self._active_total += 1
         self._active_open += not good
+        if origin is not None:
+            self._per_origin[origin] = self._per_origin.get(origin, 0) + 1
         self._idle[slot] = None
         return slot
+
+    def _victim(self, good: bool, holding: int, now: float) -> _Slot | None:
+        """The stream a new one of a peer that would then hold ``holding`` streams may evict: one it
+        competes with (any for a good peer, an open-share one otherwise), the oldest still waiting for its
+        request, else the oldest stalled one of a peer holding more than ``holding``."""
+        idle = next((s for s in self._idle if good or not s.good), None)
+        if idle is not None:
+            return idle
+        return next(
+            (
+                s
+                for s in self._answering.values()
+                if (good or not s.good) and self._active.get(s.peer, 0) > holding and s.stalled(now)
+            ),
+            None,
+        )
+
+    def _answering_now(self, slot: _Slot) -> None:
+        self._idle.pop(slot, None)
+        slot.idle = False
+        slot.answered_at = time.monotonic()
+        self._answering[slot.writer] = slot
+
+    def _took(self, writer: asyncio.StreamWriter, sent: int) -> None:
+        """The reader of ``writer``'s stream has taken ``sent`` bytes of its answer (for the stall rule)."""
+        slot = self._answering.get(writer)
+        if slot is not None:
+            slot.sent = sent
 
     def _release(self, slot: _Slot) -> None:
         if slot.released:
             return
         slot.released = True
         self._idle.pop(slot, None)
+        self._answering.pop(slot.writer, None)
         self._active_total -= 1
         self._active_open -= not slot.good
         left = self._active.get(slot.peer, 1) - 1
@@ -184,6 +250,12 @@ class PayloadServer:
             self._active[slot.peer] = left
         else:
             self._active.pop(slot.peer, None)
+        if slot.origin is not None:
+            left = self._per_origin.get(slot.origin, 1) - 1
+            if left > 0:
+                self._per_origin[slot.origin] = left
+            else:
+                self._per_origin.pop(slot.origin, None)
 
     def allowed(self, peer_id: str) -> bool:
         try:
@@ -207,12 +279,14 @@ class PayloadServer:
         """One pull: read a 32-byte digest, answer with a frame. Every failure is counted, none escapes."""
         peer = "?"
         slot = None
+        done = False
         try:
             peer = info.peer_id.to_base58()
             if not self.allowed(peer):
                 self.count("refused")
                 return
-            slot = self._take_slot(peer, writer)
+            origin = origin_of(getattr(info, "addr", ""), exempt_loopback=self.exempt_loopback)
+            slot = self._take_slot(peer, writer, origin)
             if slot is None:
                 self.count("refused")
                 return
@@ -227,12 +301,13 @@ class PayloadServer:
                 return
             if slot.released:  # evicted while its request arrived
                 return
-            self._idle.pop(slot, None)
-            slot.idle = False
+            self._answering_now(slot)
             try:
-                await asyncio.wait_for(self._send_payload(writer, digest), self.serve_timeout_s)
-            except (TimeoutError, ConnectionError):  # too slow a reader, or it hung up
-                self.count("aborted")
+                await asyncio.wait_for(self._send_payload(writer, digest), self.answer_deadline_s(digest))
+                done = True
+            except (TimeoutError, ConnectionError):  # too slow a reader, it hung up, or it was evicted
+                if not slot.released:
+                    self.count("aborted")
         except asyncio.CancelledError:  # shutdown
             raise
         except Exception as exc:  # a misbehaving client must never take the node down
@@ -241,11 +316,25 @@ class PayloadServer:
         finally:
             if slot is not None:
                 self._release(slot)
-            with contextlib.suppress(Exception):
-                writer.close()
+            if done:
+                with contextlib.suppress(Exception):
+                    writer.close()  # flushes what is left: the reader took the answer in time
+            else:
+                _abort(writer)
+
+    def answer_deadline_s(self, digest: bytes) -> float:
+        """How long the reader may take to take the answer for ``digest``: SERVE_BASE_S + its bytes /
+        SERVE_MIN_BYTES_PER_S, at most ``serve_timeout_s`` (which a payload not held also gets: the
+        4-byte "not here", or what a subclass answers instead)."""
+        with self._payloads_lock:
+            data = self._payloads.get(digest)
+        if data is None:
+            return self.serve_timeout_s
+        return min(SERVE_BASE_S + len(data) / SERVE_MIN_BYTES_PER_S, self.serve_timeout_s)
 
     async def _send_payload(self, writer: asyncio.StreamWriter, digest: bytes) -> None:
-        """Write the frame for ``digest`` (length 0 when we do not have it), draining per chunk."""
+        """Write the frame for ``digest`` (length 0 when we do not have it), draining per chunk and telling
+        ``_took`` what the reader took."""
         with self._payloads_lock:
             data = self._payloads.get(digest)
         if data is None:
@@ -258,5 +347,13 @@ class PayloadServer:
         for offset in range(0, len(data), WRITE_CHUNK_BYTES):
             writer.write(view[offset : offset + WRITE_CHUNK_BYTES])
             await writer.drain()
+            self._took(writer, offset + WRITE_CHUNK_BYTES)
         self.count("served")
         self.count("served_bytes", len(data))
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Close a stream now, dropping what it has not sent: ``close`` would wait for a reader that does not
+    read, holding the socket (and p2pd's stream) open."""
+    with contextlib.suppress(Exception):
+        writer.transport.abort()

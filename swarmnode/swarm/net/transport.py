@@ -73,10 +73,10 @@ class Transport:
     """One node's DHT membership and payload streams. Not usable before ``start`` or after ``shutdown``.
 
     Serving (``payloads.offer``, the peer filter and standing, the stream handler and its caps) is
-    ``payloads``, a ``PayloadServer`` (one with the default caps unless given); its ``stats`` dict is this
-    transport's too. ``stream_name`` exists for tests
-    (another protocol id); nodes keep the default. ``must_reach_initial_peers=False`` (bootstrap nodes)
-    starts even when no initial peer answers.
+    ``payloads``, a ``PayloadServer`` (one with the default caps unless given, its origin rule from
+    ``swarm.origin_cap_exempt_loopback``); its ``stats`` dict is this transport's too. ``stream_name``
+    exists for tests (another protocol id); nodes keep the default. ``must_reach_initial_peers=False``
+    (bootstrap nodes) starts even when no initial peer answers.
 
     After ``start``: ``client_mode`` (whether the DHT runs as a client), ``reachability`` (the dial-back
     verdict, or "unchecked") and ``reachability_note`` (one line for the user saying what was decided).
@@ -99,6 +99,7 @@ class Transport:
         record_timeout_s: float = 10.0,
     ):
         self.payloads = payloads if payloads is not None else PayloadServer()
+        self.payloads.exempt_loopback = swarm.origin_cap_exempt_loopback  # serving slots per origin
         self.identity_path = Path(identity_path)
         self.swarm = swarm
         self.must_reach_initial_peers = must_reach_initial_peers

@@ -17,6 +17,7 @@ BATCH_ANNOUNCEMENT = "batch_announcement"
 ROLLOUT_BATCH = "rollout_batch"
 MESSAGE_TYPES = (ROSTER_CARD, BATCH_ANNOUNCEMENT, ROLLOUT_BATCH)
 OFFLINE_FIELD = "offline"  # RosterCard's optional "I am leaving" flag
+WORK_NONCE_FIELD = "work_nonce"  # RosterCard's optional identity proof of work (wire.work)
 
 # --- size limits (bytes are encoded bytes; string lengths are UTF-8 bytes) -----------------------------
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one encoded RolloutBatch, and one stream frame body
@@ -95,8 +96,9 @@ def check_fresh(
 ) -> None:
     """Raise ProtocolError("stale") unless now - max_age - max_skew <= timestamp <= now + max_skew.
 
-    ``max_age`` is how old a message may legitimately be when it arrives: 0 for a message sent
-    directly, the record's TTL for one read from the DHT (``roster_ttl_s`` / ``announce_ttl_s``).
+    ``max_age`` is how old a message may legitimately be when it arrives: swarmnode passes its record
+    lifetime (``swarm.exchange.swarm.round_ttl_s``) for cards, announcements and batches alike
+    (PROTOCOL.md section 7, "Lifetimes").
     """
     if not now - max_age - max_skew <= timestamp <= now + max_skew:
         raise ProtocolError("stale", f"timestamp {timestamp:.3f} is {timestamp - now:+.1f} s from now")

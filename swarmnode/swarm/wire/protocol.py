@@ -51,10 +51,12 @@ from swarmnode.swarm.wire.limits import (
     PROTOCOL_VERSION,
     ROLLOUT_BATCH,
     ROSTER_CARD,
+    WORK_NONCE_FIELD,
     ProtocolError,
     payload_digest,
 )
 from swarmnode.swarm.wire.reader import Reader
+from swarmnode.swarm.wire.work import NONCE_BYTES
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,9 @@ class RosterCard:
     # "I am leaving": put on a clean shutdown so peers stop waiting at once. Optional on the wire (written
     # only when true) so that every card without it encodes as before and older nodes keep decoding it.
     offline: bool = False
+    # The identity's proof of work (``wire.work``): NONCE_BYTES, or b"" for none. Optional on the wire
+    # (written only when present), so that every card without it encodes as before.
+    work_nonce: bytes = b""
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def to_body(self) -> dict[str, Any]:
@@ -196,6 +201,8 @@ class RosterCard:
         }
         if self.offline:
             known[OFFLINE_FIELD] = True
+        if self.work_nonce:
+            known[WORK_NONCE_FIELD] = bytes(self.work_nonce)
         return _with_extra(known, self.extra)
 
     @classmethod
@@ -212,6 +219,7 @@ class RosterCard:
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
             offline=_offline(r),
+            work_nonce=r.bin(WORK_NONCE_FIELD, NONCE_BYTES) if WORK_NONCE_FIELD in r.d else b"",
             extra=r.extra(),
         )
 

@@ -11,6 +11,7 @@ run. The same behaviours over real libp2p streams are in tests/integration/test_
 
 from __future__ import annotations
 
+import threading
 import time
 from types import SimpleNamespace
 
@@ -21,37 +22,9 @@ from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import puller
 from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.inbox import Candidate
-from swarmnode.swarm.exchange.service import ExchangeService
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.wire import codec, framing, limits
-from tests.helpers.scripted_net import Author, data_plane_parts
-
-
-@pytest.fixture
-def world(tmp_path, bank, monkeypatch):
-    """The data plane's stages on the scripted network, wired by a real ExchangeService (not started);
-    fast timers for short tests."""
-    monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 0.6)
-    monkeypatch.setattr(puller, "BACKOFF_BASE_S", 0.8)
-    monkeypatch.setattr(service_module, "POLL_INTERVAL_S", 0.2)
-    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 0.2)
-    parts = data_plane_parts(tmp_path, bank)
-    net, swarm_id = parts.net, parts.swarm_id
-    service = ExchangeService(
-        transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
-        state=parts.state,
-    )  # fmt: skip
-    world = SimpleNamespace(
-        net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, service=service,
-        swarm_id=swarm_id, authors=lambda n, **kw: [Author(net, swarm_id, bank, **kw) for _ in range(n)],
-    )  # fmt: skip
-    yield world
-    service.stop()
-
-
-def received(world) -> int:
-    with world.state.lock:
-        return world.state.counters.batches_received
+from tests.helpers.scripted_net import Sybil, received
 
 
 def test_pull_timeout_is_proportional_to_the_announced_size_within_the_cap():
@@ -68,7 +41,7 @@ def test_pull_timeout_is_proportional_to_the_announced_size_within_the_cap():
 def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(world):
     n = puller.MAX_PARALLEL_PULLS + 4
     world.net.serve_delay_s = 0.4
-    authors = world.authors(n)
+    authors = world.authors(n, standing=True)
     sizes = {}
     for author in authors:
         _, data = author.publish()
@@ -83,7 +56,7 @@ def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(wor
 
 def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again(world, monkeypatch):
     monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 2.0)
-    silent, *honest = world.authors(4)
+    silent, *honest = world.authors(4, standing=True)
     world.net.behaviour[silent.peer_id] = "silent"
     silent.publish()
     world.service.start()
@@ -268,3 +241,21 @@ def test_notice_frames_carry_a_card_or_none_and_bad_lengths_are_malformed():
     for bad in (body[:16], too_long, body[:15] + b"\0\0" + body[17:], oversized_card):
         with pytest.raises(limits.ProtocolError):
             notices.parse_notice(bad)
+
+
+def test_a_parked_notice_does_not_make_the_dht_reader_spin(world, bank):
+    """A notice from an unknown author asks for an early roster read, at most every ROSTER_MIN_GAP_S; the
+    reader used to wait on the request it had been given until then, so it spun (the outside attacker:
+    45% of a core at one junk notice a second; honest newcomers trigger it too)."""
+    world.service.start()
+    reader = next(thread for thread in threading.enumerate() if thread.name == "swarm-dht-reader")
+    clock = time.pthread_getcpuclockid(reader.ident)
+    cpu_before, started = time.clock_gettime(clock), time.monotonic()
+    for _ in range(15):
+        stranger = Sybil(world.net, world.swarm_id, bank.fingerprint)  # no card here, none in its notice
+        world.service.inbox.add_notice(stranger.announcement(), stranger.peer_id, stranger.peer_id)
+        time.sleep(0.2)
+    share = (time.clock_gettime(clock) - cpu_before) / (time.monotonic() - started)
+    print(f"\nDHT reader thread: {share:.1%} of a core with a notice parked all along")
+    assert share < 0.1
+    assert world.service.notices.snapshot().get("unknown_author", 0) >= 10  # parked, then dropped

@@ -15,7 +15,7 @@ import pytest
 from swarmnode import tasks
 from swarmnode.config import TasksConfig, TaskSpec
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange.verify import TASK_FINGERPRINT_FIELD, card_fingerprint, roster_extra
+from swarmnode.swarm.exchange.compat import TASK_FINGERPRINT_FIELD, card_fingerprint, roster_extra
 from swarmnode.swarm.wire import protocol
 from swarmnode.tasks import TaskBank
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
-from swarmnode.swarm.wire import codec, convert, framing, limits, protocol
+from swarmnode.swarm.wire import codec, convert, framing, limits, protocol, work
 from swarmnode.swarm.wire import dht_rules as dht
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -106,6 +106,14 @@ def test_vectors_exist_and_cover_every_decoder_reason():
 def test_vector(path):
     v = json.loads(path.read_text())
     assert v["name"] == path.stem
+    if v["kind"] == "identity_work":  # PROTOCOL.md section 2, "Identity work"
+        public_key, nonce = bytes.fromhex(v["public_key"]), bytes.fromhex(v["nonce"])
+        assert Identity.from_seed(bytes.fromhex(v["signer_seed"])).public_key == public_key
+        assert work.work_digest(public_key, nonce).hex() == v["digest"]
+        assert work.leading_zero_bits(bytes.fromhex(v["digest"])) == v["leading_zero_bits"]
+        enough = work.has_work(public_key, nonce, v["bits"])
+        assert v["verdict"] == ("accept" if enough else "no_identity_work")
+        return
     data = bytes.fromhex(v["hex"])
     if v["kind"] == "frame_header":
         if v["verdict"] == "accept":

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
+from swarmnode.identity import Identity
+from swarmnode.metrics import NodeCollector
 from swarmnode.swarm.exchange.records import ArrivalHistogram
 from swarmnode.swarm.exchange.status import DHTHealth, PeerStatus, RolloutTotals, SwarmStatus
+from tests.helpers.scripted_net import data_plane_parts
 
 
 def test_a_status_survives_its_round_trip_through_status_json():
@@ -22,3 +26,23 @@ def test_a_status_survives_its_round_trip_through_status_json():
     as_json = json.loads(json.dumps(status.as_dict()))
     assert SwarmStatus.from_dict(as_json) == status
     assert as_json["arrival_s"]["buckets"]["0.25"] == 1 and as_json["bans"][0]["reason"] == "forged"
+
+
+def test_roster_refusals_reach_prometheus_by_reason(tmp_path, bank):
+    """Cards the roster refuses are counted by reason in the status and exported as
+    ``swarmnode_roster_refused_total{reason}`` (``roster_full`` from 0, so an alert has a series)."""
+    parts = data_plane_parts(tmp_path, bank)
+    parts.roster.admit(Identity.generate().peer_id, b"\xc1 not a card", time.time())
+    parts.roster.admit(Identity.generate().peer_id, b"\xc1 nor this", time.time())
+    with parts.state.lock:
+        status = SwarmStatus.take(roster=parts.roster, state=parts.state, book=parts.book, rejections={})
+    assert status.roster_refused == {"malformed": 2}
+    collector = NodeCollector({})
+    collector.swarm = status
+    refused = {
+        sample.labels["reason"]: sample.value
+        for family in collector.collect()
+        for sample in family.samples
+        if sample.name == "swarmnode_roster_refused_total"
+    }
+    assert refused == {"roster_full": 0, "malformed": 2}

@@ -13,7 +13,9 @@ import pytest
 
 from swarmnode.config import SamplingConfig, TasksConfig, TaskSpec
 from swarmnode.errors import ConfigError
+from swarmnode.identity import Identity
 from swarmnode.rollouts import TaskRef
+from swarmnode.swarm.exchange import standing
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, TEXT_BYTES_PER_TOKEN, ReceiveLimits, Verifier
 from swarmnode.swarm.wire import convert, limits, protocol
@@ -181,3 +183,27 @@ def test_attacker_chosen_subkeys_are_logged_escaped(bank: TaskBank, caplog: pyte
     with caplog.at_level(logging.DEBUG, logger="swarmnode.swarm.exchange.verify"):
         assert node.verifier.check_announcement(b"\xc1", evil) is None
     assert caplog.records and "\x1b" not in caplog.text and "\nINFO banned" not in caplog.text
+
+
+def test_scoring_cpu_for_peers_without_standing_is_bounded_whatever_their_number(
+    bank: TaskBank, peer_bank: TaskBank, monkeypatch
+) -> None:
+    """The per-batch budget is per identity: k fresh identities each sending a worst-case batch cost k
+    budgets (the outside attacker: one such batch every 2 s saturates the verifier thread). Together they
+    get the probation share of the scoring CPU: its capacity and refill, however many they are."""
+    monkeypatch.setitem(standing._SHARES, False, (standing.PROBATION_SCORE_CPU_PER_S, 1.0))
+    node = receiver(bank, score_wall_s=60.0)
+    node.verifier.scoring = standing.ScoringBudget(node.book.has_standing)
+    senders = [Peer(Identity.generate(), peer_bank) for _ in range(6)]
+    t0, started = time.thread_time(), time.monotonic()
+    for sender in senders:
+        batch = _worst_case_batch(sender, peer_bank, 16, limits.MAX_COMPLETIONS_PER_GROUP)
+        assert deliver(node, sender, *sender.publish(batch)) == []
+    spent, elapsed = time.thread_time() - t0, time.monotonic() - started
+    refill = standing.PROBATION_SCORE_CPU_PER_S * elapsed
+    print(
+        f"\n{len(senders)} worst-case batches, fresh identities: {spent:.2f} s CPU ({refill:.2f} s refilled)"
+    )
+    assert node.verifier.rejections == {"over_budget": len(senders)}
+    # the share's capacity and what it refilled meanwhile, one answer per batch, decoding and signatures
+    assert spent <= 1.0 + refill + len(senders) * (WORST_ANSWER_S + 0.15)

@@ -1,0 +1,123 @@
+"""The metrics server against clients that trickle their request (issue #26): 20 clients sending one byte
+a second (under any per-read timeout) and reconnecting at once when closed took all 16 slots for as long
+as they liked; a real scrape must still be answered, and no trickling connection outlive its deadline."""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+import time
+import urllib.request
+
+from swarmnode.metrics import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer, NodeCollector
+
+TRICKLERS = MAX_CONNECTIONS + 4
+TRICKLE_S = 1.0  # one byte this often: far under the 5 s a per-read timeout allowed
+RECONNECT_S = 0.05  # a closed trickler reconnects this soon
+SCRAPES = 5
+SCRAPE_ANSWER_S = 2.0  # each scrape answered within this
+
+
+class Trickler(threading.Thread):
+    """Connects, sends a request one byte every TRICKLE_S that never ends, reconnects when closed; records
+    how long each of its connections lived. Bounded: stops on ``stop`` or after ``max_s``."""
+
+    def __init__(self, port: int, stop: threading.Event, max_s: float):
+        super().__init__(daemon=True)
+        self.port, self.stop, self.max_s = port, stop, max_s
+        self.lived: list[float] = []
+        self.connected = threading.Event()
+
+    def run(self) -> None:
+        end = time.monotonic() + self.max_s
+        while not self.stop.is_set() and time.monotonic() < end:
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            except OSError:
+                self.stop.wait(0.05)
+                continue
+            opened = time.monotonic()
+            self.connected.set()
+            with sock:
+                sock.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
+                while not self.stop.is_set() and time.monotonic() < end and not _closed(sock, TRICKLE_S):
+                    try:
+                        sock.sendall(b"a")
+                    except OSError:
+                        break
+            self.lived.append(time.monotonic() - opened)
+            self.stop.wait(RECONNECT_S)
+
+
+def _closed(sock: socket.socket, wait_s: float) -> bool:
+    """Whether the server closed ``sock`` (waits up to ``wait_s`` to find out)."""
+    readable, _, _ = select.select([sock], [], [], wait_s)
+    if not readable:
+        return False
+    try:
+        return sock.recv(1024) == b""
+    except OSError:
+        return True
+
+
+def _scrape(url: str) -> float:
+    """Seconds until /metrics answered; raises if it did not."""
+    t = time.monotonic()
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+        assert b"swarmnode_rounds_total" in reply.read()
+    return time.monotonic() - t
+
+
+def test_trickling_clients_that_reconnect_cannot_hold_the_metrics_server():
+    server = MetricsServer(NodeCollector({}), "127.0.0.1", 0)
+    stop = threading.Event()
+    tricklers = [Trickler(server.port, stop, max_s=60.0) for _ in range(TRICKLERS)]
+    try:
+        for t in tricklers:
+            t.start()
+        for t in tricklers:
+            assert t.connected.wait(10)
+        time.sleep(REQUEST_DEADLINE_S / 2)  # every slot held by a trickler, each past its first bytes
+        answers, failures = [], []
+        for _ in range(SCRAPES):
+            try:
+                answers.append(_scrape(server.url))
+            except OSError as exc:  # refused: closed unanswered
+                failures.append(repr(exc))
+            time.sleep(0.5)
+        time.sleep(REQUEST_DEADLINE_S)  # long enough for any trickling connection to reach its deadline
+        stop.set()
+        for t in tricklers:
+            t.join(5)
+        lived = [s for t in tricklers for s in t.lived]
+        print(f"scrapes {answers} failed {failures}; {len(lived)} trickling connections, longest "
+              f"{max(lived):.1f} s")  # fmt: skip
+        assert not failures and max(answers) < SCRAPE_ANSWER_S, (answers, failures)
+        assert max(lived) < REQUEST_DEADLINE_S + 2 * TRICKLE_S, max(lived)
+    finally:
+        stop.set()
+        for t in tricklers:
+            t.join(5)
+        with contextlib.suppress(Exception):
+            server.close()
+
+
+def test_a_trickling_request_is_cut_at_its_deadline_however_often_bytes_arrive():
+    server = MetricsServer(NodeCollector({}), "127.0.0.1", 0)
+    stop = threading.Event()
+    tricklers = [Trickler(server.port, stop, max_s=REQUEST_DEADLINE_S + 4 * TRICKLE_S) for _ in range(4)]
+    try:
+        for t in tricklers:
+            t.start()
+        for t in tricklers:
+            t.join(REQUEST_DEADLINE_S + 10 * TRICKLE_S)
+        first = [t.lived[0] for t in tricklers if t.lived]
+        print(f"first connections lived {first}")
+        assert len(first) == len(tricklers) and max(first) < REQUEST_DEADLINE_S + 2 * TRICKLE_S, first
+    finally:
+        stop.set()
+        for t in tricklers:
+            t.join(5)
+        server.close()

@@ -1,0 +1,44 @@
+"""The data plane's stages on the scripted network (tests/helpers/scripted_net.py), for the tests of
+swarm.exchange that need no libp2p daemon."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from swarmnode.swarm.exchange import puller
+from swarmnode.swarm.exchange import service as service_module
+from swarmnode.swarm.exchange.service import ExchangeService
+from tests.helpers.scripted_net import Author, data_plane_parts
+
+
+@pytest.fixture
+def world(tmp_path, bank, monkeypatch):
+    """The data plane's stages on the scripted network, wired by a real ExchangeService (not started);
+    fast timers for short tests."""
+    monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 0.6)
+    monkeypatch.setattr(puller, "BACKOFF_BASE_S", 0.8)
+    monkeypatch.setattr(service_module, "POLL_INTERVAL_S", 0.2)
+    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 0.2)
+    parts = data_plane_parts(tmp_path, bank)
+    net, swarm_id = parts.net, parts.swarm_id
+    service = ExchangeService(
+        transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
+        state=parts.state,
+    )  # fmt: skip
+    world = SimpleNamespace(
+        net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, book=parts.book,
+        service=service, swarm_id=swarm_id,
+        authors=lambda n, standing=False, **kw: _authors(parts, bank, n, standing, **kw),
+    )  # fmt: skip
+    yield world
+    service.stop()
+
+
+def _authors(parts, bank, n: int, standing: bool, **kw) -> list[Author]:
+    """``n`` authors; with ``standing`` each has delivered a verified group here already."""
+    authors = [Author(parts.net, parts.swarm_id, bank, **kw) for _ in range(n)]
+    for author in authors if standing else []:
+        parts.book.reward(author.peer_id)
+    return authors
