@@ -241,6 +241,12 @@ def record_vectors() -> list[dict[str, Any]]:
                    announce, A.peer_id, b"plain value", exp, now),
         dht_record("record_oversize", "MAX_RECORD_BYTES + 1 bytes: refused before decoding.",
                    announce, A.peer_id, bytes(limits.MAX_RECORD_BYTES + 1), exp, now),
+        dht_record("record_announcement_latest_expiration", "An announcement expiring at timestamp + "
+                   "ANNOUNCE_RECORD_TTL_S: what its author stores.",
+                   announce, A.peer_id, ann_bytes, TIMESTAMP + dht.ANNOUNCE_RECORD_TTL_S, now),
+        dht_record("record_announcement_replay", "An announcement expiring at timestamp + 902 s, past "
+                   "timestamp + ANNOUNCE_RECORD_TTL_S: a replay that would outlive the author's newer ones.",
+                   announce, A.peer_id, ann_bytes, TIMESTAMP + 902.0, now),
     ]  # fmt: skip
 
 

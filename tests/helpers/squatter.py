@@ -20,7 +20,7 @@ from swarmnode.config import NodeConfig, SwarmConfig
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.transport import Transport
-from swarmnode.swarm.wire import codec, dht_rules, limits, protocol
+from swarmnode.swarm.wire import codec, dht_rules, limits, protocol, work
 from swarmnode.tasks import TaskBank
 
 TTL_S = 60.0
@@ -43,6 +43,7 @@ def main() -> None:
         peer_id=identity.peer_id, swarm_id=swarm, model_name="tiny-llama", tokenizer_fingerprint="ab" * 32,
         policy_version=0, round=0, addrs=tuple(addrs[: limits.MAX_ADDRS]), timestamp=time.time(), seq=seq,
         extra=roster_extra(bank.fingerprint),
+        work_nonce=work.mint(identity.public_key, NodeConfig().swarm.identity_work_bits),  # the victims' bits
     )  # fmt: skip
     record = codec.encode_message(identity, swarm, card)
     transport.records.put(dht_rules.roster_key(swarm, identity.peer_id), identity.peer_id, record, TTL_S)

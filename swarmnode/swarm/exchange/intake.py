@@ -5,8 +5,7 @@ round thread never waits on scoring. An accepted batch is offered on (``offer(he
 serves a batch, the author's signature travels in the bytes), and a reachable node tells up to
 ``reachability.HOLDER_OFFER_FANOUT`` live peers behind NAT that it holds it (they may not reach its
 author, but they reach us). Its fresh groups (not seen before, by content) go into the pool with this
-node's current round as their freshness tier; its author is settled either way. A rejected batch ends
-the probation of an author without standing (``Roster.fail_probation``).
+node's current round as their freshness tier; its author is settled either way.
 """
 
 from __future__ import annotations
@@ -44,10 +43,7 @@ class Intake:
         ann, author = pending.announcement, pending.author
         groups = self.verifier.check_batch(ann, data, holder)  # outside the lock: scoring takes time
         verified = time.time()
-        accepted = self.verifier.already_accepted(ann.payload_sha256)
-        if not accepted:  # rejected (counted, charged): an author without standing has had its one chance
-            self.roster.fail_probation(author)
-        else:
+        if self.verifier.already_accepted(ann.payload_sha256):
             self.transport.payloads.offer(ann.payload_sha256, data, held=True)  # we hold it now: serve it on
             if not self.transport.client_mode:  # reachable: tell peers behind NAT they can pull it here
                 self._offer_held(author, holder, pending.record)

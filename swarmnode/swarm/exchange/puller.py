@@ -12,12 +12,14 @@ each holder gets MAX_FETCH_ATTEMPTS tries per batch (one for an author without s
 holder is tried; bytes that are not the announced ones (``hash_mismatch``) charge the holder that sent
 them and the next holder is asked. A batch no holder can serve is given up (its author is then settled:
 not waited for). A holder without standing that held a pull for its whole timeout, or served other bytes
-than announced or none, has had its one chance (``Roster.fail_probation``). An oversized frame costs its
+than announced, has had its first chance (``Roster.fail_probation``): its batches come after those of
+authors still on theirs, and make room for them in the probation share. An oversized frame costs its
 sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
 
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
-*newest* candidate is dropped (counted in ``dropped``), never an older entry; pending batches expire
+*newest* candidate is dropped (counted in ``dropped``), never an older entry (only a batch of an author
+whose first chance failed makes room for one still on its first chance); pending batches expire
 with their announcement. Batches of authors without standing are pulled by their own PROBATION_PULLS
 workers, never by those of the authors with standing, with a shorter base timeout, and only while their
 share of the scoring CPU holds enough for one batch.
@@ -53,7 +55,7 @@ MAX_PARALLEL_PULLS = 8
 PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
 PULL_BYTES_PER_S = 512 * 1024
 PULL_TIMEOUT_MAX_S = 10.0  # ... and never longer
-# the base for an author without standing: its one chance; each silent identity holds a probation pull
+# the base for an author without standing: each silent identity holds a probation pull
 # this long, so PROBATION_PULLS / PROBATION_PULL_TIMEOUT_BASE_S silent identities a second are used up
 PROBATION_PULL_TIMEOUT_BASE_S = 1.0
 BACKOFF_BASE_S = 2.0  # a holder whose pull timed out is not tried again for this long, doubling ...
@@ -61,10 +63,11 @@ BACKOFF_MAX_S = 60.0  # ... per consecutive failure up to this
 MAX_BACKOFF_PEERS = 4096  # holders whose back-off is remembered
 MAX_FETCH_ATTEMPTS = 2  # tries per (batch, holder) for timeouts and closed or unreachable streams
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
-# failures that end the probation of a holder without standing: it held a pull slot for a whole timeout,
-# or said it held what it did not. "unreachable" and "closed" cost us little and are what an honest peer
-# behind NAT gives some of its peers: others may still pull its batches through a holder.
-PROBATION_ENDING_FAILURES = frozenset({"timeout", "not_found", "oversize"})
+# failures that end the probation of a holder without standing: it held a pull slot for a whole timeout
+# (so does sending other bytes than announced: ``take_result``). The others cost little: "unreachable" and
+# "closed" are what an honest peer behind NAT gives some of its peers (others may still pull its batches
+# through a holder), "oversize" is refused before the body and "not found" from the author is charged.
+PROBATION_ENDING_FAILURES = frozenset({"timeout"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
@@ -190,9 +193,21 @@ class Puller:
             return "author_full"
         if not self.book.has_standing(author):
             on_probation = sum(n for a, n in self._per_author.items() if not self.book.has_standing(a))
-            if on_probation >= PROBATION_PENDING:
+            if on_probation >= PROBATION_PENDING and (
+                self.roster.failed_probation(author) or not self._drop_one_failed()
+            ):
                 return "probation_full"
         return ""
+
+    def _drop_one_failed(self) -> bool:
+        """Make room in the probation share for an author on its first chance: drop the oldest pending
+        batch (not being pulled) of an author whose first chance failed. False if there is none."""
+        for key, pending in self.pending.items():
+            if not pending.pulling and self.roster.failed_probation(key[0]):
+                self._give_up(key, settle=False)
+                self.dropped["failed_probation"] += 1
+                return True
+        return False
 
     def start_pulls(self) -> None:
         """Start pulls for pending batches, in ``_pull_order``, while slots are free."""
@@ -218,7 +233,8 @@ class Puller:
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
-        each class (an author's batches oldest first), so no author's many batches starve another's."""
+        each share (an author's batches oldest first), so no author's many batches starve another's; in
+        the probation share, authors on their first chance first."""
         queues: dict[str, list[tuple[str, bytes]]] = {}
         for key, pending in self.pending.items():
             if not pending.pulling:
@@ -227,6 +243,8 @@ class Puller:
         order = []
         for share in (True, False):
             lanes = [keys for author, keys in queues.items() if standing[author] == share]
+            if not share:  # authors on their first chance before those whose first chance failed
+                lanes.sort(key=lambda keys: self.roster.failed_probation(keys[0][0]))
             for turn in range(max(map(len, lanes), default=0)):
                 order.extend(
                     (keys[turn], self.pending[keys[turn]], share) for keys in lanes if turn < len(keys)
@@ -268,7 +286,7 @@ class Puller:
         for holder in pending.holders:
             backed_off = self.backoff.get(holder, (0.0, 0))[0] > now
             if pending.attempts[holder] < tries and not backed_off:
-                if not self.book.is_banned(holder) and not self.roster.failed_probation(holder):
+                if not self.book.is_banned(holder):
                     return holder
                 pending.attempts[holder] = MAX_FETCH_ATTEMPTS
         return None
@@ -301,7 +319,7 @@ class Puller:
             self.state.counters.fetch_failures[reason] += 1
             trace["our_round"] = self.state.round
         self.state.trace("batch", **trace, error=reason)
-        if reason in PROBATION_ENDING_FAILURES:  # a holder without standing had its one chance
+        if reason in PROBATION_ENDING_FAILURES:  # a holder without standing had its first chance
             self.roster.fail_probation(holder)
         if reason in RETRYABLE_FETCH_FAILURES:
             _, failures = self.backoff.pop(holder, (0.0, 0))

@@ -16,10 +16,11 @@ sequence number (an older card than one admitted is ignored). Refusals are count
 Allocation by standing (exchange/standing.py): at most ``MAX_ROSTER_PEERS`` cards are held, of which at
 most ``PROBATION_CARDS`` of peers without standing; a newer probation card replaces the oldest one, and a
 card of a peer with standing replaces a probation card when the roster is full, never the reverse. A peer
-without standing whose one chance failed (``fail_probation``: its batch could not be pulled from it, or
-was rejected) is dropped and refused (``failed_probation``) for PROBATION_RETRY_S. The round waits
-(``to_wait_for``) for live peers with standing; only while none is live, for peers without it, and for
-each of those only until its first miss (``missed``).
+without standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole
+timeout, or it served other bytes than announced) goes behind every peer still on its first chance for
+PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for live
+peers with standing; only while none is live, for peers without it, and for each of those only until its
+first miss (``missed``).
 
 Every method takes ``lock`` (shared with the exchange's state): the round thread reads the roster for
 status and waits, the service thread admits.
@@ -41,7 +42,7 @@ from swarmnode.swarm.wire.protocol import RosterCard
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
 # roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
 MAX_ROSTER_PEERS = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
-PROBATION_RETRY_S = 600.0  # a peer whose probation failed is refused this long ...
+PROBATION_RETRY_S = 600.0  # a peer whose first chance failed comes last this long ...
 MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
 
 
@@ -87,9 +88,6 @@ class Roster:
         """A roster card record, read from the DHT or carried by a notice: into the roster if valid."""
         with self.lock:
             if peer == self.own_peer_id:
-                return
-            if self.failed_probation(peer):
-                self.refused["failed_probation"] += 1
                 return
             try:
                 card, _ = codec.decode_message(
@@ -141,19 +139,18 @@ class Roster:
         return True
 
     def fail_probation(self, peer: str) -> None:
-        """``peer`` had no standing and its one chance failed (its batch could not be pulled from it, or
-        was rejected): dropped, and refused for PROBATION_RETRY_S."""
+        """``peer`` had no standing and its first chance failed (exchange/puller.py): for PROBATION_RETRY_S
+        it comes after every peer still on its first chance."""
         with self.lock:
             if self.book.has_standing(peer):
                 return
-            self._remove(peer)
             self._failed.pop(peer, None)
             self._failed[peer] = self.clock() + PROBATION_RETRY_S
             while len(self._failed) > MAX_FAILED_PROBATION:
                 self._failed.popitem(last=False)
 
     def failed_probation(self, peer: str) -> bool:
-        """Whether ``peer`` is refused now for a failed probation."""
+        """Whether ``peer``'s first chance failed (within PROBATION_RETRY_S)."""
         with self.lock:
             until = self._failed.get(peer)
             if until is None:

@@ -39,6 +39,7 @@ from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import dht, reachability
 from swarmnode.swarm.net.notices import NOTICE_STREAM, NoticeReceiver
+from swarmnode.swarm.net.origins import OriginCaps
 from swarmnode.swarm.net.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,10 @@ class ExchangeService:
         verifier: Verifier,
         book: PeerBook,
         state: ExchangeState,
+        origins: OriginCaps | None = None,
     ):
+        """``origins``: the identities one origin network may bring in through notices (this node's
+        ``swarm.identities_per_origin``; None: the defaults)."""
         self.transport = transport
         self.swarm_id = swarm_id
         self.roster = roster
@@ -87,7 +91,9 @@ class ExchangeService:
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),
             self._read_roster_now.set, self._wake.set,
         )  # fmt: skip
-        self.notices = NoticeReceiver(self.inbox.add_notice, allow=lambda peer: not book.is_banned(peer))
+        self.notices = NoticeReceiver(
+            self.inbox.add_notice, allow=lambda peer: not book.is_banned(peer), origins=origins
+        )
         transport.serve(NOTICE_STREAM, self.notices.handle)
         transport.serve(reachability.DIALBACK_STREAM, self.dialback.handle)
         self._threads: list[threading.Thread] = []

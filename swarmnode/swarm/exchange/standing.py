@@ -10,8 +10,9 @@ many they are; peers with standing are never displaced by them:
   gets in the moment it is read;
 - pending pulls: at most ``PROBATION_PENDING`` batches of such authors, and ``PENDING_PER_AUTHOR`` of
   any one author; past either, the newest candidate is dropped, never an older entry
-  (exchange/puller.py); ``PROBATION_PULLS`` parallel pulls of their own, one try per holder, after
-  which a silent or lying identity is refused for a while (``Roster.fail_probation``);
+  (exchange/puller.py); ``PROBATION_PULLS`` parallel pulls of their own, one try per holder; an
+  identity whose first pull was silent or lying goes behind every identity still on its first chance
+  (``Roster.fail_probation``), so a flood of n silent identities delays a newcomer by at most n pulls;
 - scoring CPU: a token bucket of CPU seconds per share (``ScoringBudget``): peers with standing together
   refill ``STANDING_SCORE_CPU_PER_S``, peers without ``PROBATION_SCORE_CPU_PER_S``; a batch is pulled only
   when its share holds ``MIN_SCORE_CPU_S``, and scored within what the share holds;

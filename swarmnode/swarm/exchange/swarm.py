@@ -37,6 +37,7 @@ from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.status import DHTHealth, SwarmStatus, write_status
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.net import dht, notices
+from swarmnode.swarm.net.origins import OriginCaps
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, convert, dht_rules, limits, protocol, work
 
@@ -95,7 +96,7 @@ class Swarm:
         )  # fmt: skip
         self.service = ExchangeService(
             transport=self.transport, swarm_id=self.swarm_id, roster=self.roster, verifier=self.verifier,
-            book=self.book, state=self.state,
+            book=self.book, state=self.state, origins=OriginCaps.from_config(cfg.swarm),
         )  # fmt: skip
         self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
         self._round_counts = records.RoundCounts()

@@ -15,6 +15,16 @@ relay runs ``force_reachability="public"``, the NATed node runs ``use_auto_relay
 never passes ``-relayDiscovery=0``): with discovery on, go-libp2p's autorelay waits for four candidates
 or three minutes before it reserves a slot, so a node behind NAT is unreachable for its first minutes.
 ``relay_policy_args`` adds that flag, and the relay-service limits below, to the daemon's command line.
+
+The node sends each request to the DHT process as one pickled message over a pipe (hivemind's
+``DHT._outer_pipe``). hivemind registers the pipe's reading end with uvloop, which makes it non-blocking,
+and reads a message with ``Connection.recv``: a message that is not all in the pipe yet (one over the
+pipe's 64 KiB, or over 16 KiB, which Python writes as two writes) failed with ``[Errno 11] Resource
+temporarily unavailable`` halfway, the next read started inside it (``EOFError``), and the process died or
+stopped answering (issue #26: a read of ~510 announcement keys). hivemind also sends from whichever thread
+calls, without a lock, so two threads' messages could interleave. ``guard_request_pipe`` makes the reading
+end blocking again inside the DHT process (a message is read whole; its writer is already writing it)
+and serialises the node's sends.
 """
 
 from __future__ import annotations
@@ -24,11 +34,13 @@ import concurrent.futures
 import contextlib
 import errno
 import faulthandler
+import functools
 import logging
 import os
 import re
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,7 +129,7 @@ def start_dht(
     """Start the DHT process (and its p2pd) and wait until it is ready; TransportError if it is not."""
     import hivemind
 
-    from swarmnode.swarm.net.dht_guard import SignedRecordValidator, install_bounded_storage
+    from swarmnode.swarm.net.dht_guard import SignedRecordValidator, install_guard
 
     # p2pd gets the whole start budget (hivemind's own default is 15 s: at 32 nodes starting at once on
     # 2 cores, two of them did not make it)
@@ -151,7 +163,9 @@ def start_dht(
         )
         try:
             dht.wait_until_ready(timeout=start_timeout_s)
-            dht.run_coroutine(install_bounded_storage, return_future=True).result(start_timeout_s)
+            guard_request_pipe(dht, start_timeout_s)
+            home = functools.partial(install_guard, home_swarms=(swarm.swarm_id,))
+            dht.run_coroutine(home, return_future=True).result(start_timeout_s)
         except BaseException as exc:
             stop_dht_process(dht)
             raise startup_error(exc, initial_peers, swarm, start_timeout_s) from None
@@ -169,6 +183,36 @@ def start_dht(
             )
             time.sleep(START_RETRY_DELAY_S)
     return start_once()
+
+
+class _SerialisedPipe:
+    """The sending end of hivemind's request pipe, one whole message at a time whichever thread sends."""
+
+    def __init__(self, pipe: Any):
+        self._pipe = pipe
+        self._lock = threading.Lock()
+
+    def send(self, obj: Any) -> None:
+        with self._lock:
+            self._pipe.send(obj)
+
+    def __getattr__(self, name: str) -> Any:  # close(), fileno(), ... as the pipe's
+        return getattr(self._pipe, name)
+
+
+def guard_request_pipe(dht: hivemind.DHT, timeout_s: float) -> None:
+    """Make the node's requests to the DHT process safe at any size and from any thread (module doc):
+    serialise this process's sends, and make the DHT process read each request whole (blocking)."""
+    if not isinstance(dht._outer_pipe, _SerialisedPipe):
+        dht._outer_pipe = _SerialisedPipe(dht._outer_pipe)
+    dht.run_coroutine(_block_request_pipe, return_future=True).result(timeout_s)
+
+
+async def _block_request_pipe(dht: Any, _node: Any) -> None:
+    """Runs inside the DHT process: its request pipe's reading end back to blocking (uvloop's add_reader
+    made it non-blocking; readiness still comes from the event loop, so a read waits only for the rest of
+    a message being written)."""
+    os.set_blocking(dht._inner_pipe.fileno(), True)
 
 
 def relay_policy_args(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,11 @@ stored record meets are ``wire.dht_rules`` (PROTOCOL.md section 8).
 Record trouble is a logged miss, never an exception: a put returns False and a get returns what it
 found (nothing, on any network trouble); what comes back is untrusted (``daemon.get_many`` drops entries
 whose subkey is not a str or whose value is not bytes of at most MAX_RECORD_BYTES).
+
+Every call is one request over the pipe to hivemind's DHT process (``daemon`` makes that pipe safe for
+requests of any size from several threads). A get of many keys is still sent as pages of at most
+``KEYS_PER_REQUEST`` keys: each request then stays under ~8 KiB (one write on the pipe) and each answer
+under ``KEYS_PER_REQUEST`` keys' records, however large the roster.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import TYPE_CHECKING
 
 from swarmnode.errors import TransportError
 from swarmnode.swarm.net import daemon
-from swarmnode.swarm.wire.dht_rules import announce_key, roster_key, roster_keys
-from swarmnode.swarm.wire.limits import MAX_RECORD_BYTES
+from swarmnode.swarm.wire.codec import decode_message
+from swarmnode.swarm.wire.dht_rules import announce_key, record_expiration, roster_key, roster_keys
+from swarmnode.swarm.wire.limits import BATCH_ANNOUNCEMENT, MAX_RECORD_BYTES
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a transport starts, not on import
     import hivemind
@@ -32,6 +38,9 @@ if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a transport
 logger = logging.getLogger(__name__)
 
 RECORD_GET_TIMEOUT_S = 5.0
+# keys in one request to the DHT process: 32 keys of at most ~220 bytes (a 64-byte swarm id, a 128-byte
+# peer id) pickle to under 8 KiB, below the 16 KiB past which a request is two writes on the pipe
+KEYS_PER_REQUEST = 32
 
 
 class DHTRecords:
@@ -50,9 +59,19 @@ class DHTRecords:
         self.last_write_ok = 0.0
         self._trouble_logged = False
 
-    def put(self, key: str, subkey: str, value: bytes, ttl_s: float, timeout_s: float | None = None) -> bool:
-        """Store ``value`` under (key, subkey) for ``ttl_s`` seconds. False if the DHT did not take it
-        within ``timeout_s`` (at most ``record_timeout_s``, the default).
+    def put(
+        self,
+        key: str,
+        subkey: str,
+        value: bytes,
+        ttl_s: float,
+        timeout_s: float | None = None,
+        *,
+        expires_at: float | None = None,
+    ) -> bool:
+        """Store ``value`` under (key, subkey) for ``ttl_s`` seconds (until DHT time ``expires_at`` when
+        given). False if the DHT did not take it within ``timeout_s`` (at most ``record_timeout_s``, the
+        default).
 
         Raises TransportError("oversize") for a value over MAX_RECORD_BYTES: hivemind's DHT worker
         process dies on large values, so they are refused here, before they reach it.
@@ -70,9 +89,10 @@ class DHTRecords:
         from hivemind.utils import get_dht_time
 
         timeout = self.record_timeout_s if timeout_s is None else min(timeout_s, self.record_timeout_s)
+        expiration = get_dht_time() + ttl_s if expires_at is None else expires_at
         try:
             future = dht.store(
-                key, bytes(value), expiration_time=get_dht_time() + ttl_s, subkey=subkey, return_future=True
+                key, bytes(value), expiration_time=expiration, subkey=subkey, return_future=True
             )
             ok = bool(_result(future, timeout))
         except Exception as exc:
@@ -91,18 +111,27 @@ class DHTRecords:
         return self.get_many([key], timeout_s).get(key, {})
 
     def get_many(self, keys: list[str], timeout_s: float | None = None) -> dict[str, dict[str, bytes]]:
-        """Live (subkey -> value) pairs under each of ``keys``, looked up together; a key is missing on a
-        miss, and all are on any network trouble or no answer within ``timeout_s`` (default
-        ``RECORD_GET_TIMEOUT_S``)."""
+        """Live (subkey -> value) pairs under each of ``keys``, looked up together (pages of
+        ``KEYS_PER_REQUEST`` keys, sent at once); a key is missing on a miss, and all are on any network
+        trouble or no answer within ``timeout_s`` (default ``RECORD_GET_TIMEOUT_S``) for every page."""
         dht = self._dht()
         if dht is None or not keys:
             return {}
+        keys = list(keys)
+        deadline = time.monotonic() + (RECORD_GET_TIMEOUT_S if timeout_s is None else timeout_s)
+        futures: list[concurrent.futures.Future] = []
+        found: dict[str, dict[str, bytes]] = {}
         try:
-            future = dht.run_coroutine(
-                functools.partial(daemon.get_many, keys=list(keys)), return_future=True
-            )
-            found = _result(future, RECORD_GET_TIMEOUT_S if timeout_s is None else timeout_s)
+            for first in range(0, len(keys), KEYS_PER_REQUEST):
+                page = keys[first : first + KEYS_PER_REQUEST]
+                futures.append(
+                    dht.run_coroutine(functools.partial(daemon.get_many, keys=page), return_future=True)
+                )
+            for future in futures:
+                found.update(_result(future, max(deadline - time.monotonic(), 0.0)))
         except Exception as exc:
+            for future in futures:
+                future.cancel()
             self._trouble(f"DHT get of {keys[0]!r} and {len(keys) - 1} more failed: {exc!r}")
             self._count("dht_read_failed")
             return {}
@@ -147,8 +176,21 @@ def put_announcement(
     ttl_s: float,
     timeout_s: float | None,
 ) -> bool:
-    """This node's signed batch announcement, under its own announcement key."""
-    return records.put(announce_key(swarm_id, peer_id), peer_id, announcement, ttl_s, timeout_s=timeout_s)
+    """This node's signed batch announcement, under its own announcement key, stored until exactly its
+    signed timestamp + ``ANNOUNCE_RECORD_TTL_S``, the latest expiration storing nodes accept: no older
+    announcement, replayed, can then outlive it (PROTOCOL.md section 8). ``ttl_s`` no longer sets the
+    expiration (it is kept for callers): readers judge freshness by the timestamp, not by the expiration."""
+    msg, _ = decode_message(
+        announcement, swarm_id=swarm_id, expected_type=BATCH_ANNOUNCEMENT, expected_peer_id=peer_id
+    )
+    return records.put(
+        announce_key(swarm_id, peer_id),
+        peer_id,
+        announcement,
+        ttl_s,
+        timeout_s,
+        expires_at=record_expiration(msg),
+    )
 
 
 def read_roster(records: DHTRecords, swarm_id: str, timeout_s: float | None) -> list[tuple[str, bytes]]:

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from typing import Any
 
+from swarmnode.swarm.net.streams import open_stream
 from swarmnode.swarm.wire.limits import MAX_SWARM_ID_BYTES, ProtocolError, validate_swarm_id
 
 HELLO_STREAM = "/swarmnode/v1/hello"
@@ -59,13 +60,12 @@ class HelloServer:
 async def ask(p2p: Any, peer_id: str, timeout_s: float = ASK_TIMEOUT_S) -> str | None:
     """``peer_id``'s swarm id, or None (no such handler, e.g. a bootstrap or an older node; gone; a bad
     answer)."""
-    from hivemind.p2p import PeerID
 
     writer = None
 
     async def exchange() -> str:
         nonlocal writer
-        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HELLO_STREAM)
+        reader, writer = await open_stream(p2p, peer_id, HELLO_STREAM)
         length = (await reader.readexactly(1))[0]
         if not 0 < length <= MAX_SWARM_ID_BYTES:
             raise ProtocolError("bad_field", f"swarm id of {length} bytes")

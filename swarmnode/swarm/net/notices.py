@@ -37,6 +37,7 @@ from typing import Any
 
 from swarmnode.config import SwarmConfig
 from swarmnode.swarm.net.origins import OriginCaps
+from swarmnode.swarm.net.streams import open_stream
 from swarmnode.swarm.wire.framing import FRAME_HEADER_BYTES, encode_frame_header, parse_frame_header
 from swarmnode.swarm.wire.limits import MAX_PEER_ID_BYTES, MAX_RECORD_BYTES, ProtocolError
 
@@ -175,13 +176,12 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 async def _send(p2p: Any, peer_id: str, frame: bytes, slots: asyncio.Semaphore) -> bool:
     """Write ``frame`` on a new notice stream to ``peer_id`` and wait for the receiver to close it (so the
     frame is not cut off by our close); False on any failure or past NOTICE_SEND_TIMEOUT_S."""
-    from hivemind.p2p import PeerID
 
     writer = None
 
     async def exchange() -> None:
         nonlocal writer
-        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), NOTICE_STREAM)
+        reader, writer = await open_stream(p2p, peer_id, NOTICE_STREAM)
         writer.write(frame)
         await writer.drain()
         await reader.read(1)  # EOF: the receiver has read the frame

@@ -66,7 +66,7 @@ SERVING_COUNTERS = (
 @dataclass(eq=False)
 class _Slot:
     """One stream being served: who holds it, from which share and origin, whether its request is still
-    awaited, and since when (loop time) it is answered and how many bytes its reader took."""
+    awaited, and since when (``time.monotonic``) it is answered and how many bytes its reader took."""
 
     peer: str
     good: bool

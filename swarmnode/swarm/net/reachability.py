@@ -30,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal
 
+from swarmnode.swarm.net.streams import open_stream
+
 DIALBACK_STREAM = "/swarmnode/v1/dialback"
 MAX_PORTS = 4
 DIAL_TIMEOUT_S = 3.0
@@ -159,13 +161,12 @@ class DialbackServer:
 
 async def ask(p2p: Any, peer_id: str, ports: Sequence[int], timeout_s: float) -> bytes | None:
     """Ask ``peer_id`` to dial us back on ``ports``; its answer (one byte per port) or None."""
-    from hivemind.p2p import PeerID
 
     writer = None
 
     async def exchange() -> bytes:
         nonlocal writer
-        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), DIALBACK_STREAM)
+        reader, writer = await open_stream(p2p, peer_id, DIALBACK_STREAM)
         writer.write(encode_request(ports))
         await writer.drain()
         return await reader.readexactly(len(ports))

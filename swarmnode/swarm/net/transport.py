@@ -48,6 +48,7 @@ from swarmnode.identity import public_key_from_peer_id
 from swarmnode.swarm.net import daemon, reachability
 from swarmnode.swarm.net.dht import DHTRecords
 from swarmnode.swarm.net.payloads import PayloadServer
+from swarmnode.swarm.net.streams import open_stream
 from swarmnode.swarm.wire.framing import (
     FRAME_HEADER_BYTES,
     PAYLOAD_STREAM,
@@ -329,16 +330,13 @@ class Transport:
         return data
 
     async def _fetch(self, peer_id: str, digest: bytes, max_bytes: int, timeout_s: float) -> bytes:
-        from hivemind.p2p import PeerID
 
         writer: asyncio.StreamWriter | None = None
 
         async def exchange() -> bytes:
             nonlocal writer
             try:
-                _, reader, writer = await self._p2p.call_binary_stream_handler(
-                    PeerID.from_base58(peer_id), self.stream_name
-                )
+                reader, writer = await open_stream(self._p2p, peer_id, self.stream_name)
             except (TimeoutError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # ControlFailure, P2PDaemonError, OSError: no route, no such protocol

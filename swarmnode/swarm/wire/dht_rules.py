@@ -13,8 +13,11 @@ each one a lookup brings back. A record is kept only when (PROTOCOL.md section 8
    ``announce_key(swarm, signer)`` for an announcement (``wrong_key``);
 5. its signed timestamp is not ahead of the storing node's clock by more than ``MAX_CLOCK_SKEW_S``
    (``stale``), and its expiration is at most timestamp + ``MAX_RECORD_TTL_S`` +
-   ``RECORD_CLOCK_TOLERANCE_S`` (``far_expiration``): nobody can pin a record (its own or, replayed,
-   another peer's) past its natural lifetime, so a peer's newest record always outlives its older ones.
+   ``RECORD_CLOCK_TOLERANCE_S`` for a card, timestamp + ``ANNOUNCE_RECORD_TTL_S`` for an announcement
+   (``far_expiration``): nobody can pin a record (its own or, replayed, another peer's) past its natural
+   lifetime. Authors store each record for the longest lifetime allowed (an announcement exactly until
+   timestamp + ``ANNOUNCE_RECORD_TTL_S``, ``put_announcement``), so for one subkey, where the later
+   expiration wins, a peer's newest record always outlives its older ones: a replay cannot win.
 
 hivemind compares keys by their DHT id (sha1 of the msgpack-encoded key string: ``key_id``), so that is
 what the rule compares. Pure: no hivemind import; the test vectors in ``protocol/vectors`` check it.
@@ -37,8 +40,13 @@ from swarmnode.swarm.wire.limits import (
 from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 
 # DHT layout and record limits (PROTOCOL.md section 8)
-MAX_RECORD_TTL_S = 900.0  # a record expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
+MAX_RECORD_TTL_S = 900.0  # a card expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
 RECORD_CLOCK_TOLERANCE_S = 3.0  # hivemind's MAX_DHT_TIME_DISCREPANCY_SECONDS
+# An announcement expires <= its signed timestamp + this, and its author stores it exactly until then (no
+# tolerance: the bound is a function of the signed bytes, so a newer announcement's expiration is always
+# later). 450 s is the longest record lifetime a reader judges freshness by (MAX_RECORD_TTL_S / 2); the 3 s
+# more take older authors' put-time expirations (put time + at most 450 s).
+ANNOUNCE_RECORD_TTL_S = MAX_RECORD_TTL_S / 2 + RECORD_CLOCK_TOLERANCE_S
 ROSTER_SHARDS = 8  # roster keys per swarm (roster_key)
 MAX_SUBKEYS_PER_KEY = 64  # subkeys one DHT key holds: 64 x 8 KiB stays far under hivemind's 4 MiB answer
 ROSTER_TTL_PERIODS = 2  # roster DHT entries expire after 2 announce periods
@@ -97,9 +105,17 @@ def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now
         return "wrong_key"
     if msg.timestamp > now + MAX_CLOCK_SKEW_S:
         return "stale"
-    if expiration > msg.timestamp + MAX_RECORD_TTL_S + RECORD_CLOCK_TOLERANCE_S:
+    if expiration > record_expiration(msg):
         return "far_expiration"
     return None
+
+
+def record_expiration(msg: RosterCard | BatchAnnouncement) -> float:
+    """The latest expiration a storing node accepts for ``msg``'s DHT record (``far_expiration`` past it);
+    an announcement's author stores it exactly until then."""
+    if isinstance(msg, BatchAnnouncement):
+        return msg.timestamp + ANNOUNCE_RECORD_TTL_S
+    return msg.timestamp + MAX_RECORD_TTL_S + RECORD_CLOCK_TOLERANCE_S
 
 
 def roster_shard(peer_id: str) -> int:

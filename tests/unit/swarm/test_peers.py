@@ -156,6 +156,19 @@ def test_memory_cap_evicts_least_recently_seen_unbanned_peer(clock: FakeClock) -
     assert book.is_banned("banned")
 
 
+def test_a_flood_of_fresh_identities_does_not_evict_peers_with_standing(clock: FakeClock) -> None:
+    """At the default cap: 4,096 fresh identities touched after an honest peer delivered (each a
+    rate-limit check, as a notice or batch from a Sybil costs) leave the honest peer's record, and so
+    its standing; before, the least recently seen peer went first, whoever it was."""
+    book = PeerBook(clock)
+    book.reward("honest", 4)
+    for i in range(book.max_peers * 2):
+        clock.t += 0.001
+        book.allow(f"sybil-{i}", 1024)
+    assert len(book) == book.max_peers
+    assert book.has_standing("honest") and "sybil-0" not in book
+
+
 def test_memory_cap_when_every_peer_is_banned(clock: FakeClock) -> None:
     book = PeerBook(clock, max_peers=2)
     book.ban("a", "x")

@@ -75,16 +75,31 @@ def test_512_silent_sybil_authors_starve_no_honest_batch(world, bank):
     assert world.net.max_in_flight <= puller.MAX_PARALLEL_PULLS + puller.PROBATION_PULLS
 
 
-def test_a_silent_sybil_has_one_pull_then_its_cards_are_refused(world, bank):
-    (sybil,) = sybils(world, bank, 1)
+def test_a_silent_sybil_has_one_first_chance_then_comes_after_every_newcomer(world, bank, monkeypatch):
+    """Its pull held a probation worker for the short timeout; from then on its batches come after those
+    of identities still on their first chance, and make room for them when the probation share is full."""
+    monkeypatch.setattr(puller, "PROBATION_PULLS", 1)  # one worker: the order is what the test sees
+    sybil, *flood = sybils(world, bank, PROBATION_PENDING + 2)
     world.service.start()
     notify(world, sybil.announcement(), sybil.peer_id, sybil.peer_id, sybil.card_record)
     assert wait_until(lambda: world.roster.failed_probation(sybil.peer_id), 5)
-    assert [call[0] for call in world.net.calls] == [sybil.peer_id]  # one try, with the short timeout
+    assert world.net.calls[0][0] == sybil.peer_id  # one try, with the short timeout
     assert world.net.calls[0][2] == puller.pull_timeout_s(1024, standing=False)
-    assert sybil.peer_id not in world.roster.cards
-    world.roster.admit(sybil.peer_id, sybil.card_record, time.time())
-    assert sybil.peer_id not in world.roster.cards and world.roster.refused["failed_probation"] == 1
+    world.service.stop()  # the queue is filled while nothing is pulled
+    pulls = world.service.puller
+    for seq, _ in enumerate(range(PROBATION_PENDING), start=3):  # its later batches fill the share ...
+        now = time.time()
+        pulls.consider(Candidate(sybil.announcement(seq), sybil.peer_id, sybil.peer_id, "notice", now, now))
+    assert sum(1 for key in pulls.pending if key[0] == sybil.peer_id) == PENDING_PER_AUTHOR
+    for other in flood:  # ... and newcomers on their first chance still get in, up to the share
+        world.roster.admit(other.peer_id, other.card_record, time.time())
+        now = time.time()
+        pulls.consider(Candidate(other.announcement(), other.peer_id, other.peer_id, "notice", now, now))
+    assert not any(key[0] == sybil.peer_id for key in pulls.pending)  # made room for them
+    assert pulls.dropped["failed_probation"] == PENDING_PER_AUTHOR
+    assert len(pulls.pending) == PROBATION_PENDING and pulls.dropped["probation_full"] == 1  # then full
+    order = [key[0] for key, _, _ in pulls._pull_order()]
+    assert sybil.peer_id not in order and len(order) == PROBATION_PENDING
 
 
 def test_pending_batches_are_capped_per_author_and_the_newest_is_dropped(world):
