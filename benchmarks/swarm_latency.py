@@ -19,6 +19,9 @@ metrics.jsonl; once all nodes finish, the two are joined:
   (the end of its next round's sampling): no peer's copy is more than one round stale. A round no longer
   waits for every peer (only while its pool lacks J fresh groups), so the first can end within a
   training step of the publish.
+- work per round: each node's notices sent and received, pulls, verifications (batches received) and
+  bytes in and out per round (its metrics.jsonl ``peer_*`` counts), averaged over nodes, and the share
+  of rounds that trained on J peer groups: what must stay flat as the swarm grows (#27).
 - share of round = sum(seconds_share) / sum(seconds_total) per node, averaged over nodes; "net share"
   subtracts from seconds_share the time the node was only waiting for the last peer of the round to
   publish at all (a straggler still sampling), which no network can remove.
@@ -46,8 +49,9 @@ from pathlib import Path
 
 from benchmarks.common import record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
+from swarmnode.config import load_config
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
-from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
+from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV, TRAFFIC
 
 REPO = Path(__file__).resolve().parents[1]
 BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver) pair's arrival time goes
@@ -111,8 +115,33 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def analyse(dirs: list[Path], first: int, last: int) -> dict:
-    """Statistics over rounds ``first``..``last`` (inclusive) of the run folders ``dirs``."""
+def work_per_round(nodes: list[dict], first: int, last: int, wanted: int) -> dict:
+    """A node's network work per round (#27: it must not grow with the swarm), the mean over every
+    (node, round) of ``first``..``last``: notices sent and received, pulls, verifications (batches
+    received) and bytes, each with its largest node's mean; and the share of rounds that trained on
+    ``wanted`` (J) peer groups."""
+    rows = [node["metrics"][r] for node in nodes for r in range(first, last + 1) if r in node["metrics"]]
+    keys = {f"peer_{name}": name for name in TRAFFIC} | {"peer_batches_received": "verifications"}
+    out: dict = {}
+    for key, name in keys.items():
+        per_node = [
+            statistics.mean(
+                node["metrics"][r].get(key, 0) for r in range(first, last + 1) if r in node["metrics"]
+            )
+            for node in nodes
+            if any(r in node["metrics"] for r in range(first, last + 1))
+        ]
+        out[name] = statistics.mean(per_node) if per_node else float("nan")
+        out[f"{name}_max_node"] = max(per_node, default=float("nan"))
+    out["rounds_filling_j"] = (
+        sum(r.get("groups_peer", 0) >= wanted for r in rows) / len(rows) if rows else float("nan")
+    )
+    return out
+
+
+def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
+    """Statistics over rounds ``first``..``last`` (inclusive) of the run folders ``dirs``; ``wanted`` is
+    the swarm's J (peer groups per round)."""
     nodes = []
     for d in dirs:
         try:
@@ -233,6 +262,7 @@ def analyse(dirs: list[Path], first: int, last: int) -> dict:
         "served_by_holder": sources["holder"] / len(lat) if lat else float("nan"),
         "breakdown_p50_s": {k: median(v) for k, v in parts.items()},
         "breakdown_p95_s": {k: pct(v, 95) for k, v in parts.items()},
+        "work_per_round": work_per_round(nodes, first, last, wanted),
     }
 
 
@@ -285,6 +315,18 @@ def breakdown_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def work_table(results: list[dict]) -> str:
+    """Per node per round (mean over nodes; the busiest node's in brackets)."""
+    names = ("notices_sent", "notices_received", "pulls", "verifications", "bytes_in", "bytes_out")
+    head = "| nodes | " + " | ".join(name.replace("_", " ") for name in names) + " | rounds filling J |"
+    lines = [head, "|" + "|".join(["---"] * (len(names) + 2)) + "|"]
+    for r in results:
+        w = r["analysis"]["work_per_round"]
+        cells = [f"{w[name]:.1f} ({w[f'{name}_max_node']:.1f})" for name in names]
+        lines.append(f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(w['rounds_filling_j'], '%')} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16], help="swarm sizes to run")
@@ -316,7 +358,7 @@ def main() -> int:
                 parser.error("a swarm needs at least 2 nodes")
             print(f"running {n} nodes x {args.rounds} rounds in {workdir / f'n{n}'} ...", file=sys.stderr)
             dirs, info = run_swarm(n, args, workdir)
-            analysis = analyse(dirs, first, last)
+            analysis = analyse(dirs, first, last, load_config(args.config).swarm.peer_groups_per_round)
             results.append({"nodes": n, "run": info, "analysis": analysis})
             status = "TIMED OUT" if info["timed_out"] else "done"
             bad = sum(1 for c in info["exit_codes"] if c != 0)
@@ -326,6 +368,7 @@ def main() -> int:
                 file=sys.stderr,
             )
             print(table(results[-1:]), file=sys.stderr)
+            print(work_table(results[-1:]), file=sys.stderr)
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -337,6 +380,8 @@ def main() -> int:
     print(table(results))
     print("\nwhere the arrival time goes (per batch-receiver pair):")
     print(breakdown_table(results))
+    print("\neach node's network work per round (mean over nodes; the busiest node's in brackets):")
+    print(work_table(results))
     if args.json:
         args.json.write_text(
             json.dumps(

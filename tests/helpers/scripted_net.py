@@ -57,6 +57,10 @@ class ScriptedNet:
         self.store.setdefault(key, {})[subkey] = value
         return True
 
+    def count(self, key, n=1):
+        with self.lock:
+            self.stats[key] = self.stats.get(key, 0) + n
+
     def offer(self, digest, data, *, held=False):
         if held:
             self.held.append(digest)

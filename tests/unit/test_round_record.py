@@ -31,7 +31,8 @@ METRICS_JSONL_KEYS = (
 )  # fmt: skip
 # ... and on a swarm node, after them
 PEER_KEYS = ("peer_batches_received", "peer_groups_accepted", "peer_groups_trained", "peer_rejected",
-             "peer_fetch_failures")  # fmt: skip
+             "peer_fetch_failures", "peer_notices_sent", "peer_notices_received", "peer_pulls",
+             "peer_bytes_in", "peer_bytes_out")  # fmt: skip
 
 
 def test_the_metrics_jsonl_keys_are_the_documented_ones_in_order():

@@ -111,13 +111,17 @@ def _append_peer_groups(path: Path, round_: int, groups: list[RolloutGroup]) -> 
 
 @dataclass(frozen=True)
 class PeerRoundCounts:
-    """What one round's exchange received: the counters' growth since the previous round."""
+    """What one round's exchange received and cost: the counters' growth since the previous round.
+
+    ``traffic`` is this node's network work in the round (``TRAFFIC``): notices sent and received,
+    pulls started, bytes pulled in and served out; what must not grow with the swarm's size (#27)."""
 
     batches_received: int = 0
     groups_accepted: int = 0
     groups_trained: int = 0
     rejected: dict[str, int] = field(default_factory=dict)  # by reason
     fetch_failures: dict[str, int] = field(default_factory=dict)  # by reason
+    traffic: dict[str, int] = field(default_factory=dict)  # TRAFFIC -> count
 
     def as_dict(self) -> dict:
         """The keys of a round's metrics.jsonl record."""
@@ -127,7 +131,26 @@ class PeerRoundCounts:
             "peer_groups_trained": self.groups_trained,
             "peer_rejected": dict(self.rejected),
             "peer_fetch_failures": dict(self.fetch_failures),
+            **{f"peer_{name}": self.traffic.get(name, 0) for name in TRAFFIC},
         }
+
+
+# a node's network work, per round: the keys of ``PeerRoundCounts.traffic``
+TRAFFIC = ("notices_sent", "notices_received", "pulls", "bytes_in", "bytes_out")
+
+
+def traffic_totals(transport_stats: dict[str, int], notices: dict[str, int]) -> dict[str, int]:
+    """This node's cumulative ``TRAFFIC`` from the transport's counters and the notice receiver's."""
+    pulls = transport_stats.get("fetch_ok", 0) + sum(
+        n for key, n in transport_stats.items() if key.startswith("fetch_failed_")
+    )
+    return {
+        "notices_sent": transport_stats.get("notices_sent", 0),
+        "notices_received": notices.get("received", 0),
+        "pulls": pulls,
+        "bytes_in": transport_stats.get("fetch_bytes", 0),
+        "bytes_out": transport_stats.get("served_bytes", 0),
+    }
 
 
 class RoundCounts:
@@ -136,10 +159,10 @@ class RoundCounts:
     def __init__(self) -> None:
         self._last = PeerRoundCounts()
 
-    def take(self, counters: SwarmCounters, rejections: Counter) -> PeerRoundCounts:
+    def take(self, counters: SwarmCounters, rejections: Counter, traffic: dict[str, int]) -> PeerRoundCounts:
         now = PeerRoundCounts(
             counters.batches_received, counters.groups_accepted, counters.groups_trained,
-            dict(rejections), dict(counters.fetch_failures),
+            dict(rejections), dict(counters.fetch_failures), dict(traffic),
         )  # fmt: skip
         last, self._last = self._last, now
         return PeerRoundCounts(
@@ -148,4 +171,5 @@ class RoundCounts:
             now.groups_trained - last.groups_trained,
             dict(+(Counter(now.rejected) - Counter(last.rejected))),
             dict(+(Counter(now.fetch_failures) - Counter(last.fetch_failures))),
+            {name: now.traffic.get(name, 0) - last.traffic.get(name, 0) for name in TRAFFIC},
         )

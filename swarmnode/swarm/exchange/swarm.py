@@ -229,7 +229,8 @@ class Swarm:
     def round_counts(self) -> records.PeerRoundCounts:
         """Peer traffic since the last call, for the round's metrics record."""
         with self.state.lock:
-            return self._round_counts.take(self.state.counters, self.verifier.rejections)
+            traffic = records.traffic_totals(self.transport.payloads.stats, self.service.notices.snapshot())
+            return self._round_counts.take(self.state.counters, self.verifier.rejections, traffic)
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``exchange.status.write_status``), also handed to ``on_status``."""
