@@ -24,7 +24,8 @@ temporarily unavailable`` halfway, the next read started inside it (``EOFError``
 stopped answering (issue #26: a read of ~510 announcement keys). hivemind also sends from whichever thread
 calls, without a lock, so two threads' messages could interleave. ``guard_request_pipe`` makes the reading
 end blocking again inside the DHT process (a message is read whole; its writer is already writing it)
-and serialises the node's sends.
+and serialises the node's sends. ``AbandonedCallFilter`` keeps the DHT process from logging a traceback
+for every call the node gave up on at its deadline.
 """
 
 from __future__ import annotations
@@ -206,6 +207,27 @@ def guard_request_pipe(dht: hivemind.DHT, timeout_s: float) -> None:
     if not isinstance(dht._outer_pipe, _SerialisedPipe):
         dht._outer_pipe = _SerialisedPipe(dht._outer_pipe)
     dht.run_coroutine(_block_request_pipe, return_future=True).result(timeout_s)
+    dht.run_coroutine(_quiet_abandoned_calls, return_future=True).result(timeout_s)
+
+
+class AbandonedCallFilter(logging.Filter):
+    """Drops the tracebacks hivemind's DHT process logs when it answers a call its caller gave up on.
+
+    Every DHT call of the node has a deadline (net/dht.py); at the deadline the node cancels the call's
+    future, which frees it here. The DHT process still finishes the call and then fails to set the result
+    of a cancelled future: hivemind logs that at ERROR with a traceback ("Caught an exception when running
+    a coroutine"), and asyncio again ("Task exception was never retrieved"). A deadline of ours is not an
+    error of its; every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, concurrent.futures.InvalidStateError) and "CANCELLED" in str(exc))
+
+
+async def _quiet_abandoned_calls(_dht: Any, _node: Any) -> None:
+    """Runs inside the DHT process: ``AbandonedCallFilter`` on the two loggers that report it."""
+    for name in ("hivemind.dht.dht", "asyncio"):
+        logging.getLogger(name).addFilter(AbandonedCallFilter())
 
 
 async def _block_request_pipe(dht: Any, _node: Any) -> None:
