@@ -361,8 +361,8 @@ def _flood_one(
     ))  # fmt: skip
     taken = 0
     sending = notices.notify(transport, honest, identity.peer_id, announcement, card)
-    for put, record in ((dht.put_card, card), (dht.put_announcement, announcement)):
-        taken += _ok(put, transport.records, swarm_id, identity.peer_id, record, 60.0, 10.0)
+    taken += _ok(dht.put_card, transport.records, swarm_id, identity.peer_id, card, 60.0, 10.0)
+    taken += _ok(dht.put_announcement, transport.records, swarm_id, identity.peer_id, announcement, 10.0)
     with contextlib.suppress(Exception):
         taken += sending.result(timeout=10.0) if sending is not None else 0
     return taken

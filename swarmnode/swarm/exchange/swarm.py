@@ -147,9 +147,8 @@ class Swarm:
         def store_fallback() -> None:
             """The DHT record: for peers the notices missed. Off the round's path, one store at a time."""
             stored = dht.put_announcement(
-                self.transport.records, self.swarm_id, self.identity.peer_id, record, self.ttl_s,
-                _dht_wait(deadline),
-            )  # fmt: skip
+                self.transport.records, self.swarm_id, self.identity.peer_id, record, _dht_wait(deadline)
+            )
             self.state.trace(
                 "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
                 stored=time.time(), ok=stored, groups=len(groups), bytes=len(data), notified=len(peers),

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING
 from swarmnode.errors import TransportError
 from swarmnode.swarm.net import daemon
 from swarmnode.swarm.wire.codec import decode_message
-from swarmnode.swarm.wire.dht_rules import announce_key, record_expiration, roster_key, roster_keys
+from swarmnode.swarm.wire.dht_rules import (
+    ANNOUNCE_RECORD_TTL_S,
+    announce_key,
+    record_expiration,
+    roster_key,
+    roster_keys,
+)
 from swarmnode.swarm.wire.limits import BATCH_ANNOUNCEMENT, MAX_RECORD_BYTES
 
 if TYPE_CHECKING:  # hivemind (and torch behind it) is imported when a transport starts, not on import
@@ -173,24 +179,18 @@ def put_announcement(
     swarm_id: str,
     peer_id: str,
     announcement: bytes,
-    ttl_s: float,
     timeout_s: float | None,
 ) -> bool:
     """This node's signed batch announcement, under its own announcement key, stored until exactly its
     signed timestamp + ``ANNOUNCE_RECORD_TTL_S``, the latest expiration storing nodes accept: no older
-    announcement, replayed, can then outlive it (PROTOCOL.md section 8). ``ttl_s`` no longer sets the
-    expiration (it is kept for callers): readers judge freshness by the timestamp, not by the expiration."""
+    announcement, replayed, can then outlive it (PROTOCOL.md section 8). Readers judge freshness by the
+    timestamp, not by the expiration."""
     msg, _ = decode_message(
         announcement, swarm_id=swarm_id, expected_type=BATCH_ANNOUNCEMENT, expected_peer_id=peer_id
     )
-    return records.put(
-        announce_key(swarm_id, peer_id),
-        peer_id,
-        announcement,
-        ttl_s,
-        timeout_s,
-        expires_at=record_expiration(msg),
-    )
+    key = announce_key(swarm_id, peer_id)
+    expires_at = record_expiration(msg)
+    return records.put(key, peer_id, announcement, ANNOUNCE_RECORD_TTL_S, timeout_s, expires_at=expires_at)
 
 
 def read_roster(records: DHTRecords, swarm_id: str, timeout_s: float | None) -> list[tuple[str, bytes]]:

@@ -68,7 +68,7 @@ def test_a_read_of_512_announcement_keys_goes_to_the_dht_process_in_small_reques
 def test_an_announcement_is_stored_until_exactly_the_latest_expiration_storing_nodes_accept():
     author, fake = Identity.generate(), FakeDHT()
     record = _announcement(author, NOW)
-    assert dht.put_announcement(_records(fake), SWARM, author.peer_id, record, 60.0, None)
+    assert dht.put_announcement(_records(fake), SWARM, author.peer_id, record, None)
     (stored,) = fake.stores
     assert stored["expiration"] == NOW + dht_rules.ANNOUNCE_RECORD_TTL_S
     check = lambda expiration: dht_rules.check_record(  # noqa: E731 - hivemind's encoding, as stored
