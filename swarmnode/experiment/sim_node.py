@@ -1,0 +1,266 @@
+"""One node's receiving side on a small event loop: the part of ``swarmnode.experiment.simulation``
+simulated event by event.
+
+``EventLoop`` runs callbacks in simulated time order (a SimPy-like core on ``heapq``); ``Server`` is a
+first-come-first-served worker pool (a node's verifier thread). An ``Observer`` hears of batches (notices
+or its DHT poll), keeps them pending in three queues (authors with standing; without; without and whose
+first chance failed), pulls them on the workers of each share within the protocol's caps (and, in the
+target protocol, at most K a round with an exploration share), verifies them one at a time, and ends each
+round's exchange when its pool holds J usable groups (at most ``producer_share`` of J from one author) or
+at the deadline. It reaches the swarm only through its ``sim`` (``simulation.Simulation``): the protocol
+and scenario, the clock, ``pull_outcome``, ``publish``, ``poll_members`` and the tallies.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EventLoop:
+    """Callbacks at simulated times, run in time order (ties in the order they were scheduled)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.events = 0
+        self._queue: list = []
+        self._order = itertools.count()
+
+    def at(self, t: float, fn: Callable, *args) -> None:
+        heapq.heappush(self._queue, (t, next(self._order), fn, args))
+
+    def after(self, delay: float, fn: Callable, *args) -> None:
+        self.at(self.now + max(delay, 0.0), fn, *args)
+
+    def run(self, until: float) -> None:
+        queue = self._queue
+        while queue and queue[0][0] <= until:
+            t, _, fn, args = heapq.heappop(queue)
+            self.now = t
+            self.events += 1
+            fn(*args)
+        self.now = until
+
+
+class Server:
+    """``capacity`` workers taking jobs first come, first served (a node's verifier thread)."""
+
+    def __init__(self, loop: EventLoop, capacity: int = 1) -> None:
+        self.loop, self.capacity, self.busy = loop, capacity, 0
+        self.waiting: deque = deque()
+
+    def submit(self, duration: float, done: Callable, *args) -> None:
+        if self.busy < self.capacity:
+            self.busy += 1
+            self.loop.after(duration, self._finish, done, args)
+        else:
+            self.waiting.append((duration, done, args))
+
+    def _finish(self, done: Callable, args: tuple) -> None:
+        done(*args)
+        if self.waiting:
+            duration, next_done, next_args = self.waiting.popleft()
+            self.loop.after(duration, self._finish, next_done, next_args)
+        else:
+            self.busy -= 1
+
+
+@dataclass
+class Batch:
+    """One published batch: the notices it caused and who pulled, verified and trained on it."""
+
+    id: int
+    author: int
+    published: float
+    silent: bool
+    informative: int
+    notices: int = 0
+    pulls: int = 0
+    verified_by: dict[int, float] = field(default_factory=dict)  # observer -> when
+    used_by: dict[int, float] = field(default_factory=dict)  # observer -> when it trained on it
+
+
+class Observer:
+    """One node's receiving side, event by event: candidates, pending queues, pull workers, the verifier,
+    the pool and the round's wait for J groups."""
+
+    def __init__(self, sim: Any, nid: int) -> None:
+        self.sim, self.id, self.alive = sim, nid, True
+        self.standing: set[int] = set()
+        self.failed_first: set[int] = set()  # authors without standing whose pull timed out
+        self.known: set[int] = set()
+        self.queues = {"standing": deque(), "probation": deque(), "failed": deque()}
+        self.pending_of: Counter[int] = Counter()
+        self.active = {"standing": 0, "probation": 0}
+        self.pulls_round = self.probation_round = 0
+        self.verifier = Server(sim.loop)
+        self.pool: list[tuple[float, Batch]] = []
+        self.waiting_since: float | None = None
+        self.round_started = self.exchange_started = 0.0
+        self.roster: list[int] = []  # today: the members polled, in turn
+        self.poll_at = 0
+
+    # -- hearing of batches -------------------------------------------------------------------------
+    def hear(self, batch: Batch, via: str) -> None:
+        sim = self.sim
+        if not self.alive or batch.author == self.id:
+            return
+        if via == "notice":
+            sim.tally(self, "notices_received")
+        if batch.id in self.known:
+            return
+        self.known.add(batch.id)
+        sim.tally(self, "candidates")
+        if via == "notice":
+            sim.tally(self, "announcement_checks")
+        queue = "standing" if batch.author in self.standing else "probation"
+        if queue == "probation" and batch.author in self.failed_first:
+            queue = "failed"
+        proto = sim.protocol
+        pending = sum(len(q) for q in self.queues.values())
+        no_standing = len(self.queues["probation"]) + len(self.queues["failed"])
+        if (
+            pending >= proto.max_pending
+            or (queue != "standing" and no_standing >= proto.probation_pending)
+            or self.pending_of[batch.author] >= proto.pending_per_author
+        ):
+            sim.tally(self, "dropped")
+            return
+        if proto.k_factor and self.pending_of[batch.author]:  # a newer batch supersedes a pending one
+            self._drop_pending(lambda b: b.author == batch.author)
+        self.pending_of[batch.author] += 1
+        self.queues[queue].append(batch)
+        self.start_pulls()
+
+    def _drop_pending(self, drop: Callable[[Batch], bool]) -> None:
+        for name, queue in self.queues.items():
+            kept = deque(b for b in queue if not drop(b))
+            for b in queue:
+                if drop(b):
+                    self.pending_of[b.author] -= 1
+            self.queues[name] = kept
+
+    def start_pulls(self) -> None:
+        sim, proto = self.sim, self.sim.protocol
+        k = proto.pulls_per_round(sim.scenario.j)
+        while k is None or self.pulls_round < k:
+            batch, share = self._next(k)
+            if batch is None:
+                return
+            self.pending_of[batch.author] -= 1
+            if sim.loop.now - batch.published > sim.ttl_s:
+                continue  # given up with its announcement
+            self.active[share] += 1
+            self.pulls_round += 1
+            self.probation_round += share == "probation"
+            sim.tally(self, "pulls")
+            batch.pulls += 1
+            delay, ok = sim.pull_outcome(batch, share)
+            sim.loop.after(delay, self.pulled, batch, share, ok)
+
+    def _next(self, k: int | None) -> tuple[Batch | None, str]:
+        proto = self.sim.protocol
+        take = deque.pop if k is not None else deque.popleft  # K-bounded: the freshest first
+        if self.active["standing"] < proto.parallel_pulls and self.queues["standing"]:
+            return take(self.queues["standing"]), "standing"
+        if self.active["probation"] >= proto.probation_pulls:
+            return None, ""
+        if k is not None and len(self.standing) >= self.sim.scenario.j:
+            if self.probation_round >= math.ceil(proto.exploration_share * k):
+                return None, ""
+        for name in ("probation", "failed"):
+            if self.queues[name]:
+                return take(self.queues[name]), "probation"
+        return None, ""
+
+    def pulled(self, batch: Batch, share: str, ok: bool) -> None:
+        if not self.alive:
+            return
+        self.active[share] -= 1
+        if ok:
+            self.sim.tally(self, "bytes_in", self.sim.scenario.batch_bytes)
+            self.verifier.submit(self.sim.scenario.verify_s, self.verified, batch)
+        else:
+            self.sim.tally(self, "pull_failures")
+            if batch.author not in self.standing:
+                self.failed_first.add(batch.author)
+        self.start_pulls()
+
+    def verified(self, batch: Batch) -> None:
+        if not self.alive:
+            return
+        self.sim.tally(self, "verifications")
+        batch.verified_by[self.id] = self.sim.loop.now
+        self.standing.add(batch.author)
+        self.pool.append((self.sim.loop.now, batch))
+        if self.waiting_since is not None and self.can_fill():
+            self.end_exchange(filled=True)
+
+    # -- rounds ------------------------------------------------------------------------------------
+    def start_round(self) -> None:
+        if not self.alive:
+            return
+        if self.sim.protocol.k_factor:  # K a round goes to fresh batches: those older than our last
+            self._drop_pending(lambda b: b.published < self.exchange_started)  # exchange are dropped
+        self.round_started = self.sim.loop.now
+        self.pulls_round = self.probation_round = 0
+        self.sim.loop.after(self.sim.sample_s(self.id), self.begin_exchange)
+        self.start_pulls()
+
+    def begin_exchange(self) -> None:
+        if not self.alive:
+            return
+        self.exchange_started = self.sim.loop.now
+        self.sim.publish(self.id)
+        if self.can_fill():
+            self.end_exchange(filled=True)
+            return
+        self.waiting_since = self.sim.loop.now
+        self.sim.loop.after(self.sim.scenario.deadline_s, self.deadline, self.waiting_since)
+
+    def deadline(self, since: float) -> None:
+        if self.alive and self.waiting_since == since:
+            self.end_exchange(filled=False)
+
+    def usable(self) -> list[tuple[float, Batch]]:
+        fresh_after = self.sim.loop.now - self.sim.ttl_s
+        self.pool = [(t, b) for t, b in self.pool if b.published >= fresh_after]
+        return [(t, b) for t, b in self.pool if b.informative and self.id not in b.used_by]
+
+    def can_fill(self) -> bool:
+        cap = math.ceil(self.sim.scenario.j * self.sim.protocol.producer_share)
+        return sum(min(b.informative, cap) for _, b in self.usable()) >= self.sim.scenario.j
+
+    def end_exchange(self, filled: bool) -> None:
+        sim = self.sim
+        self.waiting_since = None
+        cap, need = math.ceil(sim.scenario.j * sim.protocol.producer_share), sim.scenario.j
+        for _, batch in sorted(self.usable(), key=lambda tb: -tb[1].published):  # freshest first
+            if need <= 0:
+                break
+            need -= min(batch.informative, cap)
+            batch.used_by[self.id] = sim.loop.now
+        sim.end_round(self, filled, sim.loop.now - self.exchange_started)
+        sim.loop.after(sim.train_s(self.id), self.start_round)
+
+    # -- the DHT poll ------------------------------------------------------------------------------
+    def poll(self) -> None:
+        if not self.alive:
+            return
+        sim = self.sim
+        members = sim.poll_members(self)
+        take = members[self.poll_at : self.poll_at + sim.protocol.poll_keys]
+        self.poll_at = (
+            0 if self.poll_at + sim.protocol.poll_keys >= len(members) else self.poll_at + len(take)
+        )
+        visible_before = sim.loop.now - sim.dht_get_s
+        for m in take:
+            batch = sim.latest.get(m)
+            if batch is not None and batch.published <= visible_before and batch.id not in self.known:
+                sim.loop.after(sim.dht_get_s, self.hear, batch, "poll")
+        sim.loop.after(sim.protocol.poll_interval_s, self.poll)

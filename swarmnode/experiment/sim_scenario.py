@@ -1,0 +1,117 @@
+"""What the data-plane simulation is asked about: the protocol's knobs (``Protocol``) and the swarm and
+network it runs on (``Scenario``), for ``swarmnode.experiment.simulation``.
+
+``Protocol.today()`` takes every cap, timer and worker count from the code that owns it (exchange/puller,
+service, standing, pool, roster; net/notices; wire/dht_rules), so the model follows the code's values;
+``Protocol.target()`` is #27's design: a bounded view of V peers, gossip to D of them with a hop limit H,
+at most K = k_factor x J pulls a round with an exploration share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from swarmnode.config import SwarmConfig
+from swarmnode.swarm.exchange import pool, puller, roster, service, standing
+from swarmnode.swarm.net import notices
+from swarmnode.swarm.wire import dht_rules
+
+_SWARM = SwarmConfig()
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The data plane's knobs; defaults are the code's constants (today's protocol)."""
+
+    name: str = "today"
+    gossip: bool = False  # False: notify every roster peer; True: D view peers, forwarded up to H hops
+    roster_cap: int = roster.MAX_ROSTER_PEERS
+    view: int = 0  # V, the active view (gossip)
+    fanout: int = 0  # D
+    hops: int = 0  # H: a notice seen first at hop h < H is forwarded (the publisher's send is hop 0)
+    k_factor: float = 0.0  # K = k_factor x J pulls a round; 0: every batch heard of
+    exploration_share: float = 0.25  # of K, for authors without standing
+    max_pending: int = puller.MAX_PENDING
+    probation_pending: int = standing.PROBATION_PENDING
+    pending_per_author: int = standing.PENDING_PER_AUTHOR
+    parallel_pulls: int = puller.MAX_PARALLEL_PULLS
+    probation_pulls: int = standing.PROBATION_PULLS
+    pull_timeout_base_s: float = puller.PULL_TIMEOUT_BASE_S
+    probation_pull_timeout_base_s: float = puller.PROBATION_PULL_TIMEOUT_BASE_S
+    pull_bytes_per_s: float = puller.PULL_BYTES_PER_S
+    pull_timeout_max_s: float = puller.PULL_TIMEOUT_MAX_S
+    parallel_notice_sends: int = notices.MAX_PARALLEL_NOTICE_SENDS
+    poll_interval_s: float = service.POLL_INTERVAL_S
+    poll_keys: int = service.MAX_POLL_KEYS  # target: the view's keys (V)
+    roster_read_s: float = service.ROSTER_REFRESH_S  # a roster read every this often ...
+    roster_keys_read: int = dht_rules.ROSTER_SHARDS  # ... of this many shard keys
+    shuffle_s: float = 0.0  # target: a view shuffle (Cyclon) started this often ...
+    shuffle_len: int = 0  # ... trading this many cards each way
+    producer_share: float = pool.PRODUCER_SHARE
+
+    @classmethod
+    def today(cls) -> Protocol:
+        return cls()
+
+    @classmethod
+    def target(
+        cls, view: int = 32, fanout: int = 6, hops: int = 2, k_factor: float = 3.0, **changes
+    ) -> Protocol:
+        """#27's design: the view's keys polled, one roster shard read a minute (the roster is a
+        bootstrap source), a shuffle of 8 cards every 10 s."""
+        knobs = dict(
+            name="target",
+            gossip=True,
+            view=view,
+            fanout=fanout,
+            hops=hops,
+            k_factor=k_factor,
+            poll_keys=view,
+            roster_read_s=60.0,
+            roster_keys_read=1,
+            shuffle_s=10.0,
+            shuffle_len=8,
+        )
+        return cls(**(knobs | changes))
+
+    def pulls_per_round(self, j: int) -> int | None:
+        return math.ceil(self.k_factor * j) if self.k_factor else None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The swarm and the network it runs on."""
+
+    nodes: int
+    churn_per_min: float = 0.0  # share of the nodes that leave (and as many that join) per minute
+    silent_share: float = 0.0  # Sybils that announce, notify, never serve a pull and never forward
+    j: int = _SWARM.peer_groups_per_round
+    groups_per_batch: int = 4  # sampling.questions_per_round
+    informative_share: float = 1.0  # of a batch's groups, those with an advantage (the rest are dropped)
+    round_s: float = 60.0  # sampling + training, the median node
+    sample_share: float = 0.7  # of round_s, sampling (the batch is published at its end)
+    speed_spread: float = 0.3  # a node's round lasts round_s x uniform(1 - spread, 1 + spread)
+    deadline_s: float = 30.0  # swarm.share_deadline_s
+    rounds: int = 12  # simulated time = rounds x round_s
+    warmup_rounds: int = 2  # left out of the figures (so is the last round)
+    rtt_s: float = 0.08
+    bandwidth_bytes_per_s: float = 2.5e6  # per node, each way (20 Mbit/s)
+    batch_bytes: int = 50_000
+    notice_local_s: float = 0.0014  # a notice's wall time on loopback (both ends' processes)
+    fetch_local_s: float = 0.0016  # a pull's wall time on loopback
+    check_s: float = 0.00014  # an announcement's check before it is forwarded
+    verify_s: float = 0.0034  # one batch verified (the verifier thread)
+    dht_get_local_s: float = 0.015
+    join_s: float = 5.0  # a newcomer's start: DHT bootstrap, first roster read, first round begins
+    observers: int = 48
+    gossip_budget: float = 2e7  # node visits of exact gossip walks, all publishes together
+    seed: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.rounds * self.round_s
+
+    def dht_hops(self, nodes: int | None = None) -> int:
+        """Lookup steps to a key among ``nodes`` DHT nodes (Kademlia-style, assumed log8)."""
+        return max(1, math.ceil(math.log(max(nodes or self.nodes, 2), 8)))

@@ -1,0 +1,116 @@
+"""The data-plane simulation (#27): its event loop, counts a hand can check, how each protocol's per-node
+work grows with the swarm, what silent holders cost, and the adapter to loopback runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from swarmnode.experiment.sim_node import Batch, EventLoop
+from swarmnode.experiment.sim_scenario import Protocol, Scenario
+from swarmnode.experiment.sim_validation import compare, loopback_per_node, per_node_from_metrics
+from swarmnode.experiment.simulation import Simulation, simulate
+from swarmnode.swarm.exchange import puller, standing
+
+QUICK = dict(churn_per_min=0.0, silent_share=0.0, rtt_s=0.05, round_s=20.0, deadline_s=10.0)
+
+
+def test_the_event_loop_runs_events_in_time_order_ties_in_scheduling_order_and_stops_at_until():
+    loop, seen = EventLoop(), []
+    loop.at(3.0, seen.append, "c")
+    loop.at(1.0, seen.append, "a1")
+    loop.at(1.0, seen.append, "a2")
+    loop.at(9.0, seen.append, "late")
+    loop.at(2.0, lambda: loop.after(0.5, seen.append, "b"))  # scheduled while running, still in order
+    loop.run(until=5.0)
+    assert seen == ["a1", "a2", "b", "c"]
+    assert loop.now == 5.0
+    loop.run(until=10.0)
+    assert seen[-1] == "late"
+
+
+def test_today_at_four_nodes_every_batch_makes_three_notices_three_pulls_three_verifications():
+    scenario = Scenario(nodes=4, observers=4, rounds=6, **QUICK)
+    sim = Simulation(scenario, Protocol.today())
+    sim.start()
+    sim.loop.run(scenario.duration_s)
+    settled = [b for b in sim.batches if b.published < scenario.duration_s - scenario.deadline_s]
+    assert len(settled) >= 3 * 4  # every node published at least 3 of its 6 rounds' batches
+    assert {(b.notices, b.pulls, len(b.verified_by)) for b in settled} == {(3, 3, 3)}
+    result = sim.result()
+    assert result.per_node["notices_sent"] == 3.0 and result.per_node["notices_received"] == 3.0
+    assert result.per_node["pulls"] == pytest.approx(3.0, abs=0.35)  # rounds cut by the window's edges
+    assert result.fill_share == 1.0
+
+
+def _notices(protocol: Protocol, nodes: int) -> float:
+    scenario = Scenario(nodes=nodes, observers=16, rounds=4, warmup_rounds=1, **QUICK)
+    return simulate(scenario, protocol).per_node["notices_sent"]
+
+
+def test_targets_notices_per_node_stay_flat_as_the_swarm_grows_while_todays_grow_with_it():
+    target = Protocol.target(view=32, fanout=6, hops=2)
+    small, large = _notices(target, 100), _notices(target, 1000)
+    assert large / small <= 1.5
+    assert small <= 6 + 6 * 6  # D from the publisher, at most D from each of its D receivers
+    today_small, today_large = _notices(Protocol.today(), 16), _notices(Protocol.today(), 64)
+    assert today_large / today_small == pytest.approx(63 / 15, rel=0.02)  # N - 1 each
+    assert _notices(Protocol.today(), 1000) == pytest.approx(512, rel=0.01)  # the roster cap
+
+
+def test_a_hop_limit_past_the_swarms_diameter_makes_notices_grow_with_the_swarm_again():
+    flood = Protocol.target(view=32, fanout=6, hops=6)
+    assert _notices(flood, 400) / _notices(flood, 100) > 3  # every node relays every notice to D peers
+
+
+def test_sampled_gossip_walks_estimate_the_exact_notice_count():
+    scenario = Scenario(nodes=300, observers=16, rounds=4, warmup_rounds=1, **QUICK)
+    flood = Protocol.target(hops=4)
+    exact = simulate(scenario, flood)
+    sampled = simulate(replace(scenario, gossip_budget=2e5), flood)
+    assert exact.exact_gossip_share == 1.0 and sampled.exact_gossip_share < 0.5
+    assert sampled.per_node["notices_sent"] == pytest.approx(exact.per_node["notices_sent"], rel=0.1)
+
+
+def test_a_silent_holder_keeps_a_probation_worker_for_its_whole_timeout():
+    scenario = Scenario(nodes=3, observers=1, warmup_rounds=0, **(QUICK | {"round_s": 1000.0}))
+    sim = Simulation(scenario, replace(Protocol.today(), probation_pulls=1))
+    sim.start()  # rounds begin far later: only the two batches below happen in the first seconds
+    observer = next(iter(sim.observers.values()))
+    silent_author, honest_author = (n for n in range(3) if n != observer.id)
+    silent = Batch(0, silent_author, 0.0, silent=True, informative=4)
+    honest = Batch(1, honest_author, 0.0, silent=False, informative=4)
+    observer.hear(silent, "notice")
+    observer.hear(honest, "notice")
+    sim.loop.run(10.0)
+    timeout = puller.PROBATION_PULL_TIMEOUT_BASE_S + scenario.batch_bytes / puller.PULL_BYTES_PER_S
+    assert standing.PROBATION_PULLS > 1  # the single worker is this test's, not the code's
+    assert observer.id not in silent.verified_by
+    assert timeout < honest.verified_by[observer.id] < timeout + 2 * scenario.rtt_s + 0.1
+    assert silent_author in observer.failed_first
+    assert sim.tallies["pull_failures"] == 1
+
+
+def test_the_adapter_reads_per_node_counts_from_metrics_records_and_a_latency_report():
+    records = [
+        {"peer_notices_sent": 7, "peer_notices_received": 6, "peer_pulls": 7, "peer_bytes_in": 3500,
+         "peer_bytes_out": 3000, "peer_batches_received": 6, "peer_rejected": {"stale": 1}},
+        {"peer_notices_sent": 7, "peer_notices_received": 8, "peer_pulls": 5, "peer_bytes_in": 2500,
+         "peer_bytes_out": 4000, "peer_batches_received": 5, "peer_rejected": {}},
+    ]  # fmt: skip
+    counts = per_node_from_metrics(records)
+    assert counts == {"notices_sent": 7.0, "notices_received": 7.0, "pulls": 6.0, "verifications": 6.0,
+                      "bytes_in": 3000.0, "bytes_out": 3500.0}  # fmt: skip
+    report = {"results": [
+        {"nodes": 8, "analysis": {"per_node_per_round": counts, "round_p50_s": 3.5, "fill_share": 0.99}},
+        {"nodes": 16, "analysis": {"round_p50_s": 10.0}},  # a report from before the counts: skipped
+        {"nodes": 32, "analysis": {"round_p50_s": 12.0,  # swarm_latency's own name for them
+                                   "work_per_round": counts | {"pulls_max_node": 9, "rounds_filling_j": 1}}},
+    ]}  # fmt: skip
+    assert loopback_per_node(report) == {
+        8: {"per_node": counts, "round_s": 3.5, "fill_share": 0.99},
+        32: {"per_node": counts, "round_s": 12.0, "fill_share": 1.0},
+    }
+    verdicts = {name: ok for name, _, _, ok in compare({"pulls": 7.4, "bytes_in": 4000.0}, counts)}
+    assert verdicts["pulls"] and not verdicts["bytes_in"] and not verdicts["notices_sent"]
