@@ -233,7 +233,7 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
 
     from swarmnode.config import NodeConfig
     from swarmnode.swarm.exchange.swarm import Swarm
-    from swarmnode.swarm.wire import codec, protocol
+    from swarmnode.swarm.wire import codec, protocol, work
     from swarmnode.tasks import TaskBank
 
     keys = {name: tmp_path / f"{name}.key" for name in ("node", "foreign", "newer", "honest")}
@@ -243,9 +243,12 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
     cfg = NodeConfig.model_validate({"swarm": {"swarm_id": "ours"}})
     policy = SimpleNamespace(name="tiny-llama", tokenizer_fingerprint="ab" * 32, tokenizer=range(512))
     bank = TaskBank(cfg.tasks, default_seed=0)
+    bits = cfg.swarm.identity_work_bits
+    nonces = {name: work.mint(identity.public_key, bits) for name, identity in ids.items()}
     node = Swarm(
-        cfg, identity=ids["node"], bank=bank, policy=policy, identity_path=keys["node"], run_dir=tmp_path
-    )
+        cfg, identity=ids["node"], bank=bank, policy=policy, identity_path=keys["node"], run_dir=tmp_path,
+        work_nonce=nonces["node"],
+    )  # fmt: skip
     address = node.start()[0]
     writer = Transport(keys["honest"], SwarmConfig(initial_peers=[address]))
     try:
@@ -258,7 +261,7 @@ def test_foreign_and_newer_protocol_peers_are_ignored_with_one_line(tmp_path, ca
             card = protocol.RosterCard(
                 peer_id=ids[name].peer_id, swarm_id=swarm_id, model_name="m", tokenizer_fingerprint="ab",
                 policy_version=0, round=0, addrs=(), timestamp=time.time(), seq=1, protocol_version=version,
-                extra=roster_extra(bank.fingerprint),
+                extra=roster_extra(bank.fingerprint), work_nonce=nonces[name],
             )  # fmt: skip
             record = codec.encode_message(ids[name], swarm_id, card)
             stored = writer.records.put(

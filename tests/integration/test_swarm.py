@@ -7,13 +7,14 @@ import pytest
 from swarmnode.experiment.processes import start_node
 
 DEADLINE_S = 8.0
+ROUNDS = 4
 SLACK_S = 2.0  # one DHT poll may still be in flight when the deadline passes
 
 
 def _args(family: str, swarm_id: str) -> list[str]:
     return [
         "--config", "node_configs/tiny.yaml",
-        "--rounds", "3",
+        "--rounds", str(ROUNDS),
         "--set", f"model.tiny.family={family}",
         "--set", f"swarm.swarm_id={swarm_id}",
         "--set", "swarm.min_peers=2",
@@ -38,6 +39,11 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
     assert bootstrap.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/12D3KooW" in bootstrap
     nodes.append(start_node(tmp_path / "b", *_args("qwen2", "it-three"), peers=[bootstrap]))
     nodes.append(start_node(tmp_path / "c", *_args("llama", "it-three"), peers=[bootstrap]))
+    # the rosters while every node is still running (a node that finishes leaves with an offline card,
+    # and its peers' rosters drop it at once): each status once its node has finished round 2
+    for node in nodes:
+        node.wait_for_round(2)
+    running = [node.status() for node in nodes]
 
     for node in nodes:
         assert node.wait(timeout_s=240) == 0, node.output()
@@ -45,7 +51,7 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
     peer_ids = set()
     for node in nodes:
         records = node.metrics()
-        assert [r["round"] for r in records] == [1, 2, 3], node.output()
+        assert [r["round"] for r in records] == list(range(1, ROUNDS + 1)), node.output()
         # every node trained on at least one peer group
         assert sum(r["groups_peer"] for r in records) >= 1, node.output()
         # each round's record counts its peer traffic, and the counts add up to the node's totals
@@ -57,11 +63,11 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
         assert status["rejected"] == {}, status
         assert status["rollouts"]["groups_accepted"] >= status["rollouts"]["groups_trained"] >= 1
         assert sum(r["peer_groups_accepted"] for r in records) == status["rollouts"]["groups_accepted"]
-        assert len(status["peers"]) == 2
         peer_ids.add(status["peer_id"])
     assert len(peer_ids) == 3
+    assert [len(status["peers"]) for status in running] == [2, 2, 2], running
     # the swarm really is heterogeneous: node a's peers include one on another tokenizer
-    a_status = a.status()
+    a_status = running[0]
     assert {p["tokenizer"] for p in a_status["peers"].values()} - {a_status["tokenizer"]}
     assert sorted(p["model"] for p in a_status["peers"].values()) == ["tiny-llama", "tiny-qwen2"]
 
@@ -92,8 +98,10 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for s in family.samples
     }
-    assert samples[("swarmnode_peers_known", ())] == 1
-    assert samples[("swarmnode_rollout_groups_total", (("event", "published"),))] == 12  # 3 rounds x 4
+    # b may have left (an offline card) before a wrote its last status: the gauge is what the status holds
+    assert samples[("swarmnode_peers_known", ())] == len(status["peers"]) <= 1
+    published = samples[("swarmnode_rollout_groups_total", (("event", "published"),))]
+    assert published == ROUNDS * 4  # 4 questions a round
     assert (
         samples[("swarmnode_rollout_groups_total", (("event", "accepted"),))]
         == status["rollouts"]["groups_accepted"]
