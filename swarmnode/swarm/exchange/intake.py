@@ -4,10 +4,8 @@ Verification (``Verifier.check_batch``, within its scoring budget) runs outside 
 round thread never waits on scoring. An accepted batch is offered on (``offer(held=True)``: any holder
 serves a batch, the author's signature travels in the bytes), and a reachable node tells up to
 ``reachability.HOLDER_OFFER_FANOUT`` live peers behind NAT that it holds it (they may not reach its
-author, but they reach us) and RELAY_FANOUT other roster peers, standing first: the author notifies only
-``swarm.NOTICE_FANOUT`` peers, and a batch reaches the rest through those that verified it. Its fresh
-groups (not seen before, by content) go into the pool with this node's current round as their freshness
-tier; its author is settled either way.
+author, but they reach us). Its fresh groups (not seen before, by content) go into the pool with this
+node's current round as their freshness tier; its author is settled either way.
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import reachability
 from swarmnode.swarm.net.notices import notify
 from swarmnode.swarm.net.transport import Transport
-
-RELAY_FANOUT = 2  # peers told of each batch verified here (besides peers behind NAT), so it spreads on
 
 
 class Intake:
@@ -49,7 +45,7 @@ class Intake:
         verified = time.time()
         if self.verifier.already_accepted(ann.payload_sha256):
             self.transport.payloads.offer(ann.payload_sha256, data, held=True)  # we hold it now: serve it on
-            if not self.transport.client_mode:  # reachable: peers may pull it here
+            if not self.transport.client_mode:  # reachable: tell peers behind NAT they can pull it here
                 self._offer_held(author, holder, pending.record)
         state = self.state
         with state.lock:
@@ -66,12 +62,8 @@ class Intake:
         state.trace("batch", **trace, verified=verified, groups=len(fresh), bytes=len(data))
 
     def _offer_held(self, author: str, served_by: str, record: bytes) -> None:
-        """Tell peers we hold a batch we verified: live peers behind NAT (they may not reach its author),
-        and RELAY_FANOUT others (standing first): how a batch spreads past its author's own notices."""
         with self.state.lock:
             live = set(self.roster.live)
-        leave_out = {author, served_by}
-        peers = reachability.holder_offer_targets(self._behind_nat(), live, leave_out)
-        peers += self.roster.sample(RELAY_FANOUT, leave_out=leave_out | set(peers))
+        peers = reachability.holder_offer_targets(self._behind_nat(), live, {author, served_by})
         if peers:
             notify(self.transport, peers, author, record)

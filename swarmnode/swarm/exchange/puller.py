@@ -16,10 +16,6 @@ than announced, has had its first chance (``Roster.fail_probation``): its batche
 authors still on theirs, and make room for them in the probation share. An oversized frame costs its
 sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
 
-Per round of this node at most K (``pulls_per_round``: PULLS_PER_GROUP x J) pulls of authors with
-standing are started, the freshest first; once they are spent, the authors of the other pending batches
-are settled for the round (not waited for) and their batches wait for the next round's budget or expire.
-
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
 *newest* candidate is dropped (counted in ``dropped``), never an older entry (only a batch of an author
@@ -56,7 +52,6 @@ from swarmnode.swarm.wire.protocol import BatchAnnouncement
 logger = logging.getLogger(__name__)
 
 MAX_PARALLEL_PULLS = 8
-PULLS_PER_GROUP = 2  # K = this x J: pulls of authors with standing a round (J: peer groups trained on)
 PULL_TIMEOUT_BASE_S = 3.0  # a pull of n bytes may take PULL_TIMEOUT_BASE_S + n / PULL_BYTES_PER_S ...
 PULL_BYTES_PER_S = 512 * 1024
 PULL_TIMEOUT_MAX_S = 10.0  # ... and never longer
@@ -81,13 +76,6 @@ MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B e
 NOT_FOUND_STRIKE_WEIGHT = 0.5
 
 Fetch = Callable[..., bytes]  # (holder, digest, *, max_bytes, timeout_s) -> bytes, raising PeerError
-
-
-def pulls_per_round(peer_groups_per_round: int) -> int:
-    """K, the pulls of batches of authors with standing a node starts per round: a few more batches
-    than the J peer groups it trains on (a batch holds several groups, some are not informative), and
-    not one more however many peers announce (issue #27)."""
-    return PULLS_PER_GROUP * peer_groups_per_round
 
 
 def pull_timeout_s(payload_len: int, *, standing: bool = True) -> float:
@@ -136,10 +124,7 @@ class Puller:
         fetch: Fetch,
         on_pulled: Callable[[Pulled], None],
         wake: Callable[[], None],
-        pulls_per_round: int,
     ):
-        """``pulls_per_round``: K, the pulls of batches of authors with standing started per round of
-        this node (``pulls_per_round(J)``)."""
         self.verifier = verifier
         self.book = book
         self.roster = roster
@@ -147,9 +132,6 @@ class Puller:
         self._fetch = fetch
         self._on_pulled = on_pulled
         self._wake = wake
-        self.pulls_per_round = pulls_per_round
-        self._budget_round = -1  # the round of this node the standing budget below counts for
-        self._budget_used = 0  # pulls of authors with standing started in it
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
         self.dropped: Counter[str] = (
@@ -228,13 +210,8 @@ class Puller:
         return False
 
     def start_pulls(self) -> None:
-        """Start pulls for pending batches, in ``_pull_order``, while slots and this round's budget last;
-        the authors of batches left for a later round are settled (not waited for this round)."""
+        """Start pulls for pending batches, in ``_pull_order``, while slots are free."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
-        with self.state.lock:
-            round_ = self.state.round
-        if round_ != self._budget_round:
-            self._budget_round, self._budget_used = round_, 0
         for key, pending, standing in self._pull_order():
             if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
@@ -247,31 +224,25 @@ class Puller:
                 continue  # the rest are backed off: later
             if self._in_flight[standing] >= (MAX_PARALLEL_PULLS if standing else PROBATION_PULLS):
                 continue
-            if standing and self._budget_used >= self.pulls_per_round:
-                self.state.settle(pending.author)  # its batch waits for a later round's budget
-                continue
             if not standing and not self.verifier.can_score(pending.author):
                 continue
             pending.pulling = True
             pending.attempts[holder] += 1
             self._in_flight[standing] += 1
-            self._budget_used += standing
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
-        each share, the authors with the freshest batch first and each author's freshest batch first, so
-        no author's many batches starve another's; in the probation share, authors on their first chance
-        first."""
+        each share (an author's batches oldest first), so no author's many batches starve another's; in
+        the probation share, authors on their first chance first."""
         queues: dict[str, list[tuple[str, bytes]]] = {}
-        newest = sorted(self.pending.items(), key=lambda item: -item[1].announcement.timestamp)
-        for key, pending in newest:
+        for key, pending in self.pending.items():
             if not pending.pulling:
-                queues.setdefault(key[0], []).append(key)  # each author's freshest first
+                queues.setdefault(key[0], []).append(key)
         standing = {author: self.book.has_standing(author) for author in queues}
         order = []
         for share in (True, False):
-            lanes = [keys for author, keys in queues.items() if standing[author] == share]  # freshest first
+            lanes = [keys for author, keys in queues.items() if standing[author] == share]
             if not share:  # authors on their first chance before those whose first chance failed
                 lanes.sort(key=lambda keys: self.roster.failed_probation(keys[0][0]))
             for turn in range(max(map(len, lanes), default=0)):

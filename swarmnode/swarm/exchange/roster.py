@@ -28,11 +28,9 @@ status and waits, the service thread admits.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection
 
 from swarmnode.common import BoundedSet, log
 from swarmnode.swarm.exchange.compat import card_fingerprint
@@ -212,17 +210,9 @@ class Roster:
             return author in self.cards and holder not in self._incompatible
 
     def members(self) -> list[str]:
-        """Peers in the roster, banned ones left out (whose announcements to poll)."""
+        """Peers in the roster, banned ones left out (whom to notify, whose announcements to poll)."""
         with self.lock:
             return [peer for peer in self.cards if not self.book.is_banned(peer)]
-
-    def sample(self, count: int, leave_out: Collection[str] = ()) -> list[str]:
-        """At most ``count`` members, not ``leave_out``: those with standing first, at random within each
-        share (whom to notify of a batch: a bounded fan-out whatever the roster's size)."""
-        peers = [peer for peer in self.members() if peer not in leave_out]
-        random.shuffle(peers)
-        peers.sort(key=lambda peer: not self.book.has_standing(peer))  # stable: shuffled within a share
-        return peers[:count]
 
     def _signed_last(self, peer: str) -> float:
         return max(self.cards[peer].timestamp, self._heard.get(peer, 0.0))

@@ -30,7 +30,6 @@ import logging
 import threading
 import time
 
-from swarmnode.swarm.exchange import puller as puller_module
 from swarmnode.swarm.exchange.inbox import Inbox
 from swarmnode.swarm.exchange.intake import Intake
 from swarmnode.swarm.exchange.peers import PeerBook
@@ -69,10 +68,9 @@ class ExchangeService:
         book: PeerBook,
         state: ExchangeState,
         origins: OriginCaps | None = None,
-        pulls_per_round: int = puller_module.pulls_per_round(4),
     ):
         """``origins``: the identities one origin network may bring in through notices (this node's
-        ``swarm.identities_per_origin``; None: the defaults); ``pulls_per_round``: K (puller.py)."""
+        ``swarm.identities_per_origin``; None: the defaults)."""
         self.transport = transport
         self.swarm_id = swarm_id
         self.roster = roster
@@ -87,7 +85,7 @@ class ExchangeService:
         )  # fmt: skip
         self.puller = Puller(
             verifier=verifier, book=book, roster=roster, state=state, fetch=transport.fetch,
-            on_pulled=self.intake.take, wake=self._wake.set, pulls_per_round=pulls_per_round,
+            on_pulled=self.intake.take, wake=self._wake.set,
         )  # fmt: skip
         self.inbox = Inbox(
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),

@@ -3,7 +3,7 @@
 ``Swarm`` is a thin façade: it builds the parts (transport, standing, verifier, roster, announcer, the
 data plane's service and the state they share) and hands each what it uses. Per round (``exchange``)
 the node (1) puts its local groups into one signed RolloutBatch, offers the payload, pushes the signed
-announcement to NOTICE_FANOUT roster peers (``net.notices``) and stores it in the DHT; (2) takes from the pool
+announcement to every roster peer (``net.notices``) and stores it in the DHT; (2) takes from the pool
 that the service (``exchange.service``, beside the round loop) keeps filled with verified peer groups,
 waiting (on ``state.changed``, never past the share deadline) only while the pool lacks J informative
 groups that arrived this round and some live peer has not delivered since our last round (peers without
@@ -30,7 +30,6 @@ from swarmnode.swarm.exchange import records
 from swarmnode.swarm.exchange.announcer import Announcer
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
-from swarmnode.swarm.exchange.puller import pulls_per_round
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
 from swarmnode.swarm.exchange.standing import ScoringBudget
@@ -43,9 +42,6 @@ from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, convert, dht_rules, limits, protocol, work
 
 MIN_DHT_WAIT_S = 0.5  # a DHT call at (or past) the share deadline still gets this long
-# peers a new batch is pushed to (a notice each: standing first, at random); the others find it through
-# the peers that verified it and relay it (intake.RELAY_FANOUT) or through the DHT poll
-NOTICE_FANOUT = 6
 
 
 class Swarm:
@@ -101,7 +97,6 @@ class Swarm:
         self.service = ExchangeService(
             transport=self.transport, swarm_id=self.swarm_id, roster=self.roster, verifier=self.verifier,
             book=self.book, state=self.state, origins=OriginCaps.from_config(cfg.swarm),
-            pulls_per_round=pulls_per_round(cfg.swarm.peer_groups_per_round),
         )  # fmt: skip
         self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
         self._round_counts = records.RoundCounts()
@@ -146,7 +141,7 @@ class Swarm:
         announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.payloads.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
-        peers = self.roster.sample(NOTICE_FANOUT)
+        peers = self.roster.members()
         notices.notify(self.transport, peers, self.identity.peer_id, record, self.announcer.card_record)
 
         def store_fallback() -> None:

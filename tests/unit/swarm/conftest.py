@@ -13,9 +13,6 @@ from swarmnode.swarm.exchange.service import ExchangeService
 from tests.helpers.scripted_net import Author, data_plane_parts
 
 
-UNBOUNDED_PULLS = 10_000  # the world's round never advances: its tests are not about the round's budget
-
-
 @pytest.fixture
 def world(tmp_path, bank, monkeypatch):
     """The data plane's stages on the scripted network, wired by a real ExchangeService (not started);
@@ -28,7 +25,7 @@ def world(tmp_path, bank, monkeypatch):
     net, swarm_id = parts.net, parts.swarm_id
     service = ExchangeService(
         transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
-        state=parts.state, pulls_per_round=UNBOUNDED_PULLS,
+        state=parts.state,
     )  # fmt: skip
     world = SimpleNamespace(
         net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, book=parts.book,
