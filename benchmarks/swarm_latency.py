@@ -13,6 +13,8 @@ metrics.jsonl; once all nodes finish, the two are joined:
   the receiver knew of it, by notice or DHT poll), "queue" (-> its pull began: free pull slots,
   back-offs), "fetch", "verify"; and how batches were found (notice / poll) and served (a holder that
   is not the author).
+- "used by" latency = the arrival at a receiver that trained on a group of the batch (its
+  peer_groups.jsonl): what matters once a node pulls only K batches a round (#27), not every one;
 - "every peer" latency of a batch = the latest of its N-1 arrivals (a missing arrival counts as never);
   "before next round" = that all N-1 arrivals happened before the publisher began its next round
   (its exchange end + train + weight sync); "before next batch" = before it published its next batch
@@ -51,7 +53,7 @@ from benchmarks.common import record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.config import load_config
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
-from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV, TRAFFIC
+from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, TRAFFIC
 
 REPO = Path(__file__).resolve().parents[1]
 BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver) pair's arrival time goes
@@ -156,6 +158,8 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
                 "publish": {e["round"]: e for e in events if e["event"] == "publish"},
                 "exchange": {e["round"]: e for e in events if e["event"] == "exchange"},
                 "batches": [e for e in events if e["event"] == "batch"],
+                # (producer, its round) of every peer group trained on
+                "trained": {(g["producer"], g["producer_round"]) for g in read_jsonl(d / PEER_GROUPS_FILE)},
             }
         )
     by_peer = {node["peer"]: node for node in nodes}
@@ -173,6 +177,7 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
     lat, lat_verified, parts = [], [], {k: [] for k in BREAKDOWN}
     sources: dict[str, int] = {"notice": 0, "poll": 0, "holder": 0}
     every, before_next, before_next_batch, expected = [], [], [], 0
+    used = []  # publish -> arrival at a receiver that trained on a group of that batch
     for pub in nodes:
         for r, p in pub["publish"].items():
             if not first <= r <= last:
@@ -190,6 +195,8 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
                     continue
                 times.append(e["fetched"] - published)
                 lat.append(e["fetched"] - published)
+                if (pub["peer"], r) in rec["trained"]:
+                    used.append(e["fetched"] - published)
                 lat_verified.append(e["verified"] - published)
                 parts["discover"].append(e["seen"] - published)  # the notice arrived, or the poll showed it
                 parts["queue"].append(e["fetch_started"] - e["seen"])  # pull slots busy, holder backed off
@@ -245,6 +252,8 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
         "arrival_p95_s": pct(lat, 95),
         "arrival_max_s": max(lat) if lat else float("nan"),
         "arrival_verified_p95_s": pct(lat_verified, 95),
+        "used_p50_s": pct(used, 50),
+        "used_p95_s": pct(used, 95),
         "every_peer_p50_s": pct(every, 50),
         "every_peer_p95_s": pct(every, 95),
         "batches": len(every),
@@ -279,7 +288,8 @@ def fmt(x: float, unit: str = "s") -> str:
 
 def table(results: list[dict]) -> str:
     head = (
-        "| nodes | batches | pairs delivered | arrival p50 | arrival p95 | arrival max | every-peer p50 "
+        "| nodes | batches | pairs delivered | arrival p50 | arrival p95 | arrival max | used-by p50 / p95 "
+        "| every-peer p50 "
         "| every-peer p95 | all peers before next round | all peers before next batch | share of round "
         "| net share | round p50 "
         "| share p50 | net share p50 |"
@@ -290,6 +300,7 @@ def table(results: list[dict]) -> str:
         lines.append(
             f"| {r['nodes']} | {a['batches']} | {a['pairs_delivered']}/{a['pairs_expected']} "
             f"| {fmt(a['arrival_p50_s'])} | {fmt(a['arrival_p95_s'])} | {fmt(a['arrival_max_s'])} "
+            f"| {fmt(a['used_p50_s'])} / {fmt(a['used_p95_s'])} "
             f"| {fmt(a['every_peer_p50_s'])} | {fmt(a['every_peer_p95_s'])} "
             f"| {fmt(a['reached_all_before_next_round'], '%')} "
             f"| {fmt(a['reached_all_before_next_batch'], '%')} | {fmt(a['share_of_round'], '%')} "
