@@ -17,7 +17,7 @@ import typer
 
 from swarmnode.config import NodeConfig, load_config, parse_override
 from swarmnode.errors import ConfigError, UserError
-from swarmnode.run_folder import config_for_run
+from swarmnode.run_folder import CONFIG_FILE, config_for_run
 
 app = typer.Typer(
     help="Decentralized RL post-training node (SAPO-style rollout sharing).",
@@ -112,6 +112,19 @@ def _run_config(
     """The config of a command on a run folder: the folder's saved config under --config and --set;
     ``restart`` for the commands that go on training it (solo, join), see run_folder.config_for_run."""
     return config_for_run(config, _overrides(sets, fields), restart=restart, reconfigure=reconfigure)
+
+
+def _existing_run_folder(cfg: NodeConfig) -> Path:
+    """The run folder a command reads, which must exist: a typo would otherwise evaluate the untrained
+    base model or print defaults, minutes of work or a silent wrong answer (ConfigError naming the run
+    folders that do exist beside it)."""
+    folder = Path(cfg.run.run_dir)
+    if folder.is_dir():
+        return folder
+    parent = folder.parent if folder.parent.is_dir() else None
+    nearby = sorted(p.name for p in parent.iterdir() if (p / CONFIG_FILE).is_file()) if parent else []
+    hint = f"run folders in {parent}: {', '.join(nearby)}" if nearby else "no run folder beside it"
+    raise ConfigError(f"run.run_dir: {folder} does not exist ({hint}); give --run-dir of a node that has run")
 
 
 @app.command()
@@ -254,6 +267,8 @@ def evaluate(
     """Score a checkpoint on held-out questions: pass@1 (greedy) per task."""
     with _boundary():
         cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        if checkpoint is None:
+            _existing_run_folder(cfg)
         from swarmnode.evaluate import evaluate_checkpoint, format_report
 
         report = evaluate_checkpoint(cfg, checkpoint, per_task)
@@ -273,6 +288,7 @@ def export(
     """Export a checkpoint as a Hugging Face folder (config.json, tokenizer, safetensors; LoRA merged)."""
     with _boundary():
         cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        _existing_run_folder(cfg)
         from swarmnode.export import export_checkpoint
 
         export_checkpoint(cfg, out, round_=round_)
@@ -290,6 +306,8 @@ def config_show(config: ConfigOpt = None, set_: SetOpt = None, run_dir: RunDirOp
         import yaml
 
         cfg = _run_config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
+        if run_dir is not None:  # without one: the defaults, a question worth answering
+            _existing_run_folder(cfg)
         typer.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)
 
 
