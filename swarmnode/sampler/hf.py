@@ -16,6 +16,7 @@ the log-probs are the learner's up to float rounding (tests/unit/test_sampler.py
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import torch
@@ -90,13 +91,14 @@ class HFSampler(Sampler):
         input_ids, attention = (t.to(device) for t in left_pad(prompts, self.pad_id))
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=_base(self.model).config)
+        cache_kw = _cache_keyword(self.model)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_kw: cache},
         )
         # the G samples of a prompt share its prefill: repeat the cache, not the computation
         cache.batch_repeat_interleave(n)
@@ -123,11 +125,18 @@ class HFSampler(Sampler):
                 input_ids=ids[:, None],
                 attention_mask=attention,
                 position_ids=next_pos,
-                past_key_values=cache,
                 use_cache=True,
+                **{cache_kw: cache},
             ).logits[:, -1]
             next_pos = next_pos + 1
         return list(zip(tokens, logprobs, strict=True))
+
+
+def _cache_keyword(model) -> str:
+    """The name the model's forward takes its KV cache by: ``cache`` in transformers from 5.2x on, which
+    warns on every start when given ``past_key_values`` (deprecated), and ``past_key_values`` before."""
+    forward = inspect.signature(_base(model).forward).parameters
+    return "cache" if "cache" in forward else "past_key_values"
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:

@@ -178,3 +178,15 @@ def test_waves_keep_the_kv_cache_within_its_bound_and_change_no_token(monkeypatc
     assert [ids for ids, _ in longest_first] == [
         ids for ids, _ in together[4:] + together[2:4] + together[:2]
     ]
+
+
+def test_sampling_raises_no_deprecation_warning_in_either_family():
+    """Every start printed transformers' `FutureWarning: past_key_values is deprecated` (issue #30): the
+    decode loop hands the cache by the name the installed transformers takes."""
+    import warnings
+
+    for family in ("llama", "qwen2"):
+        sampler = _tiny_sampler(family)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            assert sampler.greedy(_ragged_prompts(sampler.tokenizer), 4)
