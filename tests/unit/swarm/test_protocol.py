@@ -18,6 +18,7 @@ from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 from swarmnode.swarm.wire import codec, convert, framing, limits, protocol, work
 from swarmnode.swarm.wire import dht_rules as dht
+from tests.helpers.cards import roster_card
 
 ROOT = Path(__file__).resolve().parents[3]
 VECTOR_DIR = ROOT / "protocol" / "vectors" / "v1"
@@ -36,18 +37,7 @@ def load_make_vectors():
 
 
 def card(**changes) -> protocol.RosterCard:
-    fields = dict(
-        peer_id=ME.peer_id,
-        swarm_id=SWARM,
-        model_name="tiny-llama",
-        tokenizer_fingerprint="ab" * 32,
-        policy_version=3,
-        round=5,
-        addrs=("/ip4/127.0.0.1/tcp/4001",),
-        timestamp=1767225600.5,
-        seq=9,
-    )
-    return protocol.RosterCard(**{**fields, **changes})
+    return roster_card(ME, SWARM, **changes)
 
 
 def batch(
