@@ -26,6 +26,7 @@ this script started are ended, by PID; the tmpfs is unmounted on the way out.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import random
@@ -52,6 +53,8 @@ SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadli
 ROUND_RE = re.compile(r"^round\s+(\d+)\s")
 RESUMED_RE = re.compile(r"resumed from (\S+) at round (\d+)")
 DISK_HEADROOM = 256 * 1024  # bytes left free on the full disk: round logs fit, a checkpoint (~2 MB) not
+FILL_CHUNK = 4 * 1024 * 1024
+FILL_CHUNKS_MAX = 64  # the tmpfs is 48 MiB
 
 
 @dataclass
@@ -168,13 +171,30 @@ class Chaos:
         self._event(f"node01 clock set {seconds:+.0f} s off true time")
 
     def _fill_disk(self) -> Path:
-        stats = os.statvfs(self.disk)
-        free = stats.f_bavail * stats.f_frsize
+        """Fill the disk to ~DISK_HEADROOM free, in chunks sized from the free space as it is then (node02
+        keeps writing meanwhile: one write sized from an earlier look hit ENOSPC in CI), then give back
+        what the node's own writes took from the headroom."""
         filler = self.disk / "filler"
-        with filler.open("wb") as f:
-            f.write(b"\0" * max(free - DISK_HEADROOM, 0))
-        self._event(f"node02 disk filled ({free - DISK_HEADROOM} bytes written, ~{DISK_HEADROOM} left)")
+        with filler.open("wb", buffering=0) as f:
+            for _ in range(FILL_CHUNKS_MAX):
+                chunk = min(self._free_bytes() - DISK_HEADROOM, FILL_CHUNK)
+                if chunk <= 0:
+                    break
+                try:
+                    f.write(b"\0" * chunk)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+            short = DISK_HEADROOM - self._free_bytes()
+            if short > 0:
+                f.truncate(max(f.tell() - short, 0))
+        self._event(f"node02 disk filled ({filler.stat().st_size} bytes written, ~{DISK_HEADROOM} left)")
         return filler
+
+    def _free_bytes(self) -> int:
+        stats = os.statvfs(self.disk)
+        return stats.f_bavail * stats.f_frsize
 
     def _kill_one(self, bootstrap: str, spare: str = "") -> bool:
         """SIGKILL a random running node (not ``spare``) mid-round, maybe corrupt its newest checkpoint,
