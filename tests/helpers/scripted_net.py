@@ -37,6 +37,7 @@ class ScriptedNet:
         self.serve_delay_s = 0.0
         self.read_delay_s = 0.0  # every DHT read takes this long (a loaded host's DHT)
         self.calls: list[tuple[str, float, float]] = []  # holder, start (monotonic), timeout_s
+        self.fetched: list[bytes] = []  # the digest each call asked for, in call order
         self.held: list[bytes] = []
         self.in_flight = self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -71,6 +72,7 @@ class ScriptedNet:
     def fetch(self, peer_id, digest, *, max_bytes, timeout_s):
         with self.lock:
             self.calls.append((peer_id, time.monotonic(), timeout_s))
+            self.fetched.append(digest)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

@@ -16,6 +16,14 @@ than announced, has had its first chance (``Roster.fail_probation``): its batche
 authors still on theirs, and make room for them in the probation share. An oversized frame costs its
 sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
 
+A round pulls at most K = ``pull_budget(J)`` batches of authors with standing (#27): a node trains on J
+peer groups a round, so pulling every batch it hears of would make its work grow with the swarm. The
+budget is counted in batches whose first pull started in this node's round (``state.round``); once it is
+spent, the batches still pending and those heard of later in the round are *dropped*, not deferred (a
+batch pulled in a later round would be stale: the first try at these bounds deferred, and batches reached
+the nodes that trained on them 4.7 s after publishing, docs/scaling.md), and ``state.pulls_done_round``
+tells the round that nothing more is coming. Within the budget the freshest batches go first.
+
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
 *newest* candidate is dropped (counted in ``dropped``), never an older entry (only a batch of an author
@@ -70,12 +78,19 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 PROBATION_ENDING_FAILURES = frozenset({"timeout"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 MAX_PENDING = 1024  # batches announced and not yet pulled
+PULLS_PER_PEER_GROUP = 2  # K = this x J: a spare batch per group trained on, for failures and
+# zero-advantage groups (docs/scaling.md: K = 2 J fills J in every simulated round at 10,000 nodes)
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
 # a peer that announces a payload and then answers "not found" is charged half a strike: an honest node
 # does it only after a restart (its announcement outlives its payload store), a squatter every time
 NOT_FOUND_STRIKE_WEIGHT = 0.5
 
 Fetch = Callable[..., bytes]  # (holder, digest, *, max_bytes, timeout_s) -> bytes, raising PeerError
+
+
+def pull_budget(peer_groups: int) -> int:
+    """K: batches of authors with standing one round pulls, for ``peer_groups`` (J) trained on."""
+    return PULLS_PER_PEER_GROUP * peer_groups
 
 
 def pull_timeout_s(payload_len: int, *, standing: bool = True) -> float:
@@ -124,7 +139,9 @@ class Puller:
         fetch: Fetch,
         on_pulled: Callable[[Pulled], None],
         wake: Callable[[], None],
+        pulls_per_round: int,
     ):
+        """``pulls_per_round``: K, a round's budget of batches of authors with standing, ``pull_budget``."""
         self.verifier = verifier
         self.book = book
         self.roster = roster
@@ -134,9 +151,11 @@ class Puller:
         self._wake = wake
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
-        self.dropped: Counter[str] = (
-            Counter()
-        )  # candidates not taken: "author_full", "probation_full", "full"
+        # candidates not taken: "author_full", "probation_full", "full", "round_budget"
+        self.dropped: Counter[str] = Counter()
+        self.pulls_per_round = pulls_per_round
+        self._budget_round = -1  # the round ``_round_pulls`` counts for
+        self._round_pulls = 0  # batches of authors with standing whose first pull started this round
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
         self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
         self.backoff: OrderedDict[str, tuple[float, int]] = OrderedDict()  # holder -> until, failures
@@ -172,6 +191,10 @@ class Puller:
         # data already pulled or accepted, announced anew: never pulled twice
         if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
             self.verifier.count_repeat(announcement, author)
+            return
+        if self.book.has_standing(author) and self._budget_spent():  # dropped for good, not deferred
+            self._pulled.add(key)
+            self.dropped["round_budget"] += 1
             return
         full = self._full(author)
         if full:  # the newest is dropped: an entry already pending is never pushed out
@@ -210,11 +233,16 @@ class Puller:
         return False
 
     def start_pulls(self) -> None:
-        """Start pulls for pending batches, in ``_pull_order``, while slots are free."""
+        """Start pulls for pending batches, in ``_pull_order``, while slots (and the round's budget) last."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
         for key, pending, standing in self._pull_order():
             if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
+                continue
+            first_pull = not pending.attempts
+            if standing and first_pull and self._budget_spent():  # dropped for good, not deferred
+                self._give_up(key, settle=False)
+                self.dropped["round_budget"] += 1
                 continue
             tries = MAX_FETCH_ATTEMPTS if standing else 1
             holder = self._next_holder(pending, now, tries)
@@ -228,21 +256,44 @@ class Puller:
                 continue
             pending.pulling = True
             pending.attempts[holder] += 1
+            self._round_pulls += standing and first_pull
             self._in_flight[standing] += 1
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
+        self._tell_if_done()
+
+    def _budget_spent(self) -> bool:
+        """Whether this round's K batches of authors with standing have all been started (a new round of
+        this node's starts a new budget)."""
+        with self.state.lock:
+            round_ = self.state.round
+        if round_ != self._budget_round:
+            self._budget_round, self._round_pulls = round_, 0
+        return self._round_pulls >= self.pulls_per_round
+
+    def _tell_if_done(self) -> None:
+        """Once the budget is spent and its last pull has ended, the round need not wait for more."""
+        if not self._budget_spent() or self._in_flight[True]:
+            return
+        if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
+            return  # a batch of this round's budget is still between tries
+        with self.state.lock:
+            if self.state.pulls_done_round < self._budget_round:
+                self.state.pulls_done_round = self._budget_round
+                self.state.changed.notify_all()
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
-        each share (an author's batches oldest first), so no author's many batches starve another's; in
-        the probation share, authors on their first chance first."""
+        each share, so no author's many batches starve another's; the freshest first (an author's batches
+        newest first, authors by their newest); in the probation share, authors on their first chance
+        first."""
         queues: dict[str, list[tuple[str, bytes]]] = {}
-        for key, pending in self.pending.items():
-            if not pending.pulling:
-                queues.setdefault(key[0], []).append(key)
+        fresh = lambda key: -self.pending[key].announcement.timestamp  # noqa: E731
+        for key in sorted((k for k, p in self.pending.items() if not p.pulling), key=fresh):
+            queues.setdefault(key[0], []).append(key)
         standing = {author: self.book.has_standing(author) for author in queues}
         order = []
         for share in (True, False):
-            lanes = [keys for author, keys in queues.items() if standing[author] == share]
+            lanes = [keys for author, keys in queues.items() if standing[author] == share]  # freshest first
             if not share:  # authors on their first chance before those whose first chance failed
                 lanes.sort(key=lambda keys: self.roster.failed_probation(keys[0][0]))
             for turn in range(max(map(len, lanes), default=0)):

@@ -68,9 +68,11 @@ class ExchangeService:
         book: PeerBook,
         state: ExchangeState,
         origins: OriginCaps | None = None,
+        pulls_per_round: int,
     ):
         """``origins``: the identities one origin network may bring in through notices (this node's
-        ``swarm.identities_per_origin``; None: the defaults)."""
+        ``swarm.identities_per_origin``; None: the defaults). ``pulls_per_round``: K, the round's budget
+        of batches of authors with standing (``puller.pull_budget`` of J)."""
         self.transport = transport
         self.swarm_id = swarm_id
         self.roster = roster
@@ -85,7 +87,7 @@ class ExchangeService:
         )  # fmt: skip
         self.puller = Puller(
             verifier=verifier, book=book, roster=roster, state=state, fetch=transport.fetch,
-            on_pulled=self.intake.take, wake=self._wake.set,
+            on_pulled=self.intake.take, wake=self._wake.set, pulls_per_round=pulls_per_round,
         )  # fmt: skip
         self.inbox = Inbox(
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),

@@ -30,6 +30,7 @@ from swarmnode.swarm.exchange import records
 from swarmnode.swarm.exchange.announcer import Announcer
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.puller import pull_budget
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
 from swarmnode.swarm.exchange.standing import ScoringBudget
@@ -97,6 +98,7 @@ class Swarm:
         self.service = ExchangeService(
             transport=self.transport, swarm_id=self.swarm_id, roster=self.roster, verifier=self.verifier,
             book=self.book, state=self.state, origins=OriginCaps.from_config(cfg.swarm),
+            pulls_per_round=pull_budget(cfg.swarm.peer_groups_per_round),
         )  # fmt: skip
         self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
         self._round_counts = records.RoundCounts()
@@ -126,7 +128,8 @@ class Swarm:
     def publish(
         self, round_: int, policy_version: int, groups: list[RolloutGroup], deadline: float | None = None
     ) -> None:
-        """Offer ``groups`` as one signed batch, notify the roster, store the announcement off the path."""
+        """Offer ``groups`` as one signed batch, notify NOTICE_FANOUT roster peers (the rest poll), store the
+        announcement off the path."""
         groups = groups[: limits.MAX_GROUPS_PER_BATCH]
         if not groups:
             return
@@ -141,7 +144,7 @@ class Swarm:
         announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
         self.transport.payloads.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
-        peers = self.roster.members()
+        peers = self.roster.notice_targets()
         notices.notify(self.transport, peers, self.identity.peer_id, record, self.announcer.card_record)
 
         def store_fallback() -> None:
@@ -195,6 +198,8 @@ class Swarm:
                 # banned meanwhile, or gone from the roster (an offline card): stop waiting
                 live = {peer for peer in live if peer in self.roster.cards and not self.book.is_banned(peer)}
                 if not live or live <= state.settled or time.monotonic() >= deadline:
+                    break
+                if state.pulls_done_round >= round_:  # the round's pull budget is spent: nothing more comes
                     break
                 if state.pool.can_fill(wanted, since_round=round_):
                     break

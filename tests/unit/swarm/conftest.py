@@ -12,6 +12,8 @@ from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.service import ExchangeService
 from tests.helpers.scripted_net import Author, data_plane_parts
 
+WORLD_PEER_GROUPS = 4  # J of the node the world's data plane serves (the tiny config's)
+
 
 @pytest.fixture
 def world(tmp_path, bank, monkeypatch):
@@ -25,7 +27,7 @@ def world(tmp_path, bank, monkeypatch):
     net, swarm_id = parts.net, parts.swarm_id
     service = ExchangeService(
         transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
-        state=parts.state,
+        state=parts.state, pulls_per_round=puller.pull_budget(WORLD_PEER_GROUPS),
     )  # fmt: skip
     world = SimpleNamespace(
         net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, book=parts.book,
