@@ -145,6 +145,8 @@ def protocols(args: argparse.Namespace) -> list[Protocol]:
     for variant in args.variant:
         if variant == "today":
             out.append(Protocol.today())
+        elif variant == "bounded":
+            out.append(Protocol.bounded())
         else:
             for hops in args.hops:
                 out.append(
@@ -159,7 +161,7 @@ def row(result: Result, costs: Costs, nat_share: float, wall_s: float) -> dict:
     name = (
         p.name
         if not p.gossip
-        else f"target V={p.view} D={p.fanout} H={p.hops} K={p.pulls_per_round(result.scenario.j)}"
+        else f"{p.name} V={p.view} D={p.fanout} H={p.hops} K={p.pulls_per_round(result.scenario.j)}"
     )
     return {
         "variant": name,
@@ -278,7 +280,9 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32, 100, 1000, 10000])
-    parser.add_argument("--variant", nargs="+", choices=("today", "target"), default=["today", "target"])
+    parser.add_argument(
+        "--variant", nargs="+", choices=("today", "bounded", "target"), default=["today", "bounded", "target"]
+    )
     parser.add_argument("--profile", choices=("internet", "loopback"), default="internet")
     parser.add_argument(
         "--churn", type=float, default=0.02, help="share of nodes leaving (and joining) a minute"

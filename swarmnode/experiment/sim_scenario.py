@@ -52,7 +52,19 @@ class Protocol:
 
     @classmethod
     def today(cls) -> Protocol:
+        """The protocol the model was first validated on (up to 2026-11-26): every roster peer notified,
+        every batch heard of pulled. Kept as the baseline of docs/scaling.md's tables."""
         return cls()
+
+    @classmethod
+    def bounded(cls) -> Protocol:
+        """The code since #27's bounds: the roster is the view, a publish notifies ``NOTICE_FANOUT`` of it
+        and nobody forwards, at most ``PULLS_PER_PEER_GROUP`` x J pulls a round. (The code keeps authors
+        without standing outside K, in their probation share; the model gives them a share of K.)"""
+        return cls(
+            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=roster.NOTICE_FANOUT, hops=1,
+            k_factor=puller.PULLS_PER_PEER_GROUP,
+        )  # fmt: skip
 
     @classmethod
     def target(
