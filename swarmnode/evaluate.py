@@ -1,4 +1,8 @@
-"""``swarmnode eval``: pass@1 per task of a checkpoint on held-out questions (greedy decoding)."""
+"""``swarmnode eval``: pass@1 per task of a checkpoint on held-out questions (greedy decoding).
+
+``score_policy`` is the scoring itself; the in-run probe (probe.py) calls it too, so a probe line and
+``swarmnode eval`` of the same weights on the same questions give the same numbers.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,9 @@ from swarmnode.checkpoint import choose, load_model_weights
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import left_pad
-from swarmnode.policy import load_policy
+from swarmnode.policy import Policy, load_policy
 from swarmnode.prompts import encode_prompt
+from swarmnode.rollouts import TaskRef
 from swarmnode.tasks import TaskBank
 
 
@@ -33,10 +38,34 @@ def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_si
     return texts
 
 
+def score_policy(
+    policy: Policy,
+    bank: TaskBank,
+    refs: dict[str, list[TaskRef]],
+    *,
+    max_new_tokens: int,
+    system_prompt: str | None,
+) -> dict[str, dict[str, float]]:
+    """Per task: mean score, pass@1 (score == 1) and answer-format rate of ``policy``'s greedy answers to
+    ``refs``. The one scoring of ``swarmnode eval`` and of the in-run probe (probe.py), so they agree."""
+    report = {}
+    for task, task_refs in refs.items():
+        questions = [bank.question(ref) for ref in task_refs]
+        prompts = [encode_prompt(policy.tokenizer, q.text, system_prompt) for q in questions]
+        texts = greedy_texts(policy, prompts, max_new_tokens)
+        scores = [bank.score(q, t) for q, t in zip(questions, texts, strict=True)]
+        report[task] = {
+            "score": sum(s[1] for s in scores) / len(scores),
+            "pass@1": sum(s[1] >= 1.0 for s in scores) / len(scores),
+            "format": sum(s[2] for s in scores) / len(scores),
+        }
+    return report
+
+
 def evaluate_checkpoint(
     cfg: NodeConfig, checkpoint: Path | None, per_task: int
 ) -> dict[str, dict[str, float]]:
-    """Per task: mean score, pass@1 (score == 1) and answer-format rate on held-out questions."""
+    """``score_policy`` of a checkpoint (the newest without one) on the held-out questions."""
     bank = TaskBank(cfg.tasks)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     info = choose(cfg.run.run_dir, path=checkpoint)
@@ -45,18 +74,14 @@ def evaluate_checkpoint(
     else:
         load_model_weights(info, policy.model)
         log(f"evaluating {info.path} (round {info.round})")
-    report = {}
-    for task, refs in bank.eval_refs(per_task).items():
-        questions = [bank.question(ref) for ref in refs]
-        prompts = [encode_prompt(policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
-        texts = greedy_texts(policy, prompts, cfg.sampling.max_new_tokens)
-        scores = [bank.score(q, t) for q, t in zip(questions, texts, strict=True)]
-        report[task] = {
-            "score": sum(s[1] for s in scores) / len(scores),
-            "pass@1": sum(s[1] >= 1.0 for s in scores) / len(scores),
-            "format": sum(s[2] for s in scores) / len(scores),
-        }
-    return report
+    sampling = cfg.sampling
+    return score_policy(
+        policy,
+        bank,
+        bank.eval_refs(per_task),
+        max_new_tokens=sampling.max_new_tokens,
+        system_prompt=sampling.system_prompt,
+    )
 
 
 def format_report(report: dict[str, dict[str, float]]) -> str:

@@ -1,4 +1,4 @@
-"""Node lifecycle: set up the parts, resume from the newest valid checkpoint, run rounds, checkpoint.
+"""Node lifecycle: set up the parts, resume from the newest valid checkpoint, run rounds, checkpoint, probe.
 
 The same loop serves solo and swarm nodes; a swarm node passes an ``exchange`` hook (see rounds.py).
 ``run_solo`` is the entry point ``swarmnode solo`` calls with a loaded config; a swarm node starts
@@ -31,6 +31,7 @@ from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.metrics import MetricsServer, NodeCollector, node_info
 from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
+from swarmnode.probe import PROBE_FILE, Probe
 from swarmnode.rounds import Exchange, RoundContext, run_round
 from swarmnode.run_folder import save_config
 from swarmnode.runlog import RunLog, round_line
@@ -126,6 +127,8 @@ class Node:
             f"policy {self.policy.name}: {n_params / 1e6:.1f}M params on {self.policy.device} "
             f"({str(self.policy.dtype).removeprefix('torch.')}), loaded in {time.perf_counter() - t0:.1f}s"
         )
+        probe_log = RunLog(self.run_dir, PROBE_FILE, self.runlog.write_failures)
+        self.probe = Probe(cfg, self.bank, self.policy, probe_log)
         ref_model = None
         if cfg.train.kl_beta > 0:
             ref_model = copy.deepcopy(self.policy.model).requires_grad_(False)
@@ -172,7 +175,7 @@ class Node:
         info = checkpoint.newest_valid(self.checkpoints, log=log)
         if info is None:
             # Rounds logged before the first checkpoint are lost work: they run again from the start.
-            dropped = self.runlog.truncate_after(0)
+            dropped = self._truncate_logs(0)
             if dropped:
                 log(f"no valid checkpoint: rounds {dropped[0]}-{dropped[-1]} will run again")
             return
@@ -195,9 +198,15 @@ class Node:
                 if saved != value:
                     log(f"train.{key}: {saved} in the checkpoint, {value} from the config")
                     group[key] = value
-        dropped = self.runlog.truncate_after(info.round)
+        dropped = self._truncate_logs(info.round)
         if dropped:
             log(f"rounds {dropped[0]}-{dropped[-1]} ran after that checkpoint and will run again")
+
+    def _truncate_logs(self, round_: int) -> list[int]:
+        """Drop what the round log and the probe log hold of rounds after ``round_`` (they run again, and
+        a probe of a round that runs again measured weights no checkpoint holds); the dropped rounds."""
+        self.probe.runlog.truncate_after(round_)
+        return self.runlog.truncate_after(round_)
 
     def _report_checkpoint_disk(self) -> None:
         """Say what the checkpoints will take, and warn now rather than at the first failed save when the
@@ -258,8 +267,8 @@ class Node:
         self, exchange: Exchange | None = None, peer_counts: Callable[[], PeerRoundCounts] | None = None
     ) -> None:
         """Run until ``run.rounds`` rounds are complete (forever if None); ``peer_counts`` adds what the
-        round's exchange received to its record. On Ctrl-C or SIGTERM, stop at the next safe point,
-        checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
+        round's exchange received to its record. Probe when due (probe.py). On Ctrl-C or SIGTERM, stop at
+        the next safe point, checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
         stop = StopSignals()
         ctx = RoundContext(
             cfg=self.cfg,
@@ -285,6 +294,10 @@ class Node:
         )
         try:
             with stop.installed():
+                # round 0 of a fresh run, or a due probe a stop cut short; never one the log already holds
+                start = self.completed_rounds
+                if self.probe.due(start, target) and not self.probe.done(start):
+                    self._probe(start)
                 while target is None or self.completed_rounds < target:
                     round_ = self.completed_rounds + 1
                     rng_at_start = checkpoint.rng_state()
@@ -308,6 +321,8 @@ class Node:
                     if round_ % every == 0 or round_ == target:
                         self._checkpoint(final=round_ == target)
                     stop.release()
+                    if self.probe.due(round_, target):  # after the checkpoint: a stop here loses no round
+                        self._probe(round_)
         except Stopped as stopped:
             if self.completed_rounds > self._saved_round:
                 self._checkpoint(final=True)
@@ -315,6 +330,12 @@ class Node:
             raise
         finally:
             self._bar.close()
+
+    def _probe(self, round_: int) -> None:
+        """The fixed probe of the weights as round ``round_`` left them (probe.py), named on the bar."""
+        if not self._bar.disable:
+            self._bar.set_description_str(f"probe after round {round_}")
+        self.probe.run(round_)
 
     def _progress(self, what: str) -> None:
         """What the current round is doing: on the progress bar, or (no terminal) as log lines during the

@@ -1,7 +1,8 @@
 """What the user sees and keeps: one console line per round and every round's record in JSONL.
 
 ``metrics.jsonl`` is read and written as dicts (``RoundRecord.as_dict`` makes a round's line); the console
-line reads the ``RoundRecord`` itself.
+line reads the ``RoundRecord`` itself. The probe's ``probe.jsonl`` (probe.py) is a ``RunLog`` too: one
+record per probed round, cut back with the round log on resume.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class RunLog:
-    """Appends one JSON object per completed round to ``<run_dir>/metrics.jsonl``."""
+    """Appends one JSON object per round (a ``"round"`` key) to ``<run_dir>/<name>``, metrics.jsonl by
+    default; ``failures`` lets several logs of one node count their failed appends together."""
 
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / METRICS_FILE
-        self.write_failures = WriteFailures()  # appends that failed (full disk): skipped, counted
+    def __init__(self, run_dir: Path, name: str = METRICS_FILE, failures: WriteFailures | None = None):
+        self.path = run_dir / name
+        # appends that failed (full disk): skipped, counted
+        self.write_failures = failures if failures is not None else WriteFailures()
 
     def _text(self) -> str:
         return self.path.read_text() if self.path.exists() else ""
@@ -48,7 +51,7 @@ class RunLog:
         return dropped
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one record (``RoundRecord.as_dict``); on a full disk the record is skipped (said once,
+        """Append one record (e.g. ``RoundRecord.as_dict``); on a full disk the record is skipped (said once,
         counted), never raised."""
         with self.write_failures.guard(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)

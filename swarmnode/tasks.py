@@ -42,7 +42,7 @@ import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 
-from swarmnode.config import SAPO_TASKS, TasksConfig
+from swarmnode.config import DRAW_STRIDE, SAPO_TASKS, TasksConfig
 from swarmnode.errors import TaskError
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 
@@ -213,17 +213,22 @@ class TaskBank:
                 )
 
     def draw(self, round: int, count: int, *, seed: int | None = None) -> list[TaskRef]:
-        """``count`` refs for ``round``: datasets by weight, index ``round * count + j`` (fresh each round).
+        """``count`` refs for ``round``: ref j is item ``round * DRAW_STRIDE + j`` of a dataset chosen by
+        weight (never one of weight 0), drawn position by position from an rng seeded by (seed, round).
 
-        Deterministic in (seed or this bank's seed, round, count).
+        So ref j depends on (seed or this bank's seed, round, j) only, never on ``count``: nodes that
+        sample 2 and 4 questions a round share the first 2, and no two rounds share a question.
+        ``count`` is at most DRAW_STRIDE (``sampling.questions_per_round`` is bounded by it), ``round``
+        below INDEX_LIMIT // DRAW_STRIDE (2,097,152 rounds), so every index is below INDEX_LIMIT.
         """
         seed = self.seed if seed is None else seed
-        if not 0 <= seed < SEED_LIMIT or round < 0 or count < 0 or (round + 1) * count > INDEX_LIMIT:
+        rounds = INDEX_LIMIT // DRAW_STRIDE
+        if not 0 <= seed < SEED_LIMIT or not 0 <= round < rounds or not 0 <= count <= DRAW_STRIDE:
             raise ValueError(f"draw(round={round}, count={count}, seed={seed}): out of range")
         rng = random.Random(f"swarmnode.draw:{seed}:{round}")  # str seeds hash stably across processes
-        names = rng.choices(self._names, weights=self._weights, k=count)
+        names = [rng.choices(self._names, weights=self._weights)[0] for _ in range(count)]
         return [
-            TaskRef.make(name, seed, round * count + j, self.tasks.mix[name].config)
+            TaskRef.make(name, seed, round * DRAW_STRIDE + j, self.tasks.mix[name].config)
             for j, name in enumerate(names)
         ]
 

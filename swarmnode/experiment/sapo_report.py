@@ -2,11 +2,14 @@
 (``docs/sapo/<arm>-seed<s>.json``).
 
 One summary holds one (arm, seed) of ``benchmarks.sapo_table``: per node its per-round records and the
-held-out evaluation of its final checkpoint. Seed s gives node i the same question stream in every arm,
-so an arm is compared with silo *paired by seed*: d_s = arm_s - silo_s (each the mean over the arm's
-nodes, silo over the same node indices), and the 95% confidence interval of the mean of d is Student's
-t with n_seeds - 1 degrees of freedom. Between-seed variance (initial luck of a node's questions and
-samples) cancels in d; what is left is what the arm changes.
+held-out evaluation of its final checkpoint. Seed s gives node i the same question-stream seed and
+training seed in every arm, so an arm is compared with silo *paired by seed*: d_s = arm_s - silo_s (each
+the mean over the arm's nodes, silo over the same node indices), and the 95% confidence interval of the
+mean of d is Student's t with n_seeds - 1 degrees of freedom. Between-seed variance (initial luck of a
+node's questions and samples) cancels in d; what is left is what the arm changes. Whether two arms of a
+seed answer the same questions depends on the draw: since #28 they do (question j of round r does not
+depend on how many a node takes a round); the summaries in docs/sapo/ predate that, and there a silo
+node (items 4r..4r+3 of round r) and a 2/2 node (items 2r, 2r+1) answered different questions.
 """
 
 from __future__ import annotations
@@ -205,8 +208,8 @@ def report(parts: list[dict], plot_name: str) -> str:
         "included.",
         "",
         'Mean over nodes, then over seeds, ± the half-width of its 95% interval; "vs silo" is the mean '
-        "paired difference (same seed = same node identities and question streams), relative to silo, "
-        "and its 95% interval (Student's t, seeds - 1 degrees of freedom).",
+        "paired difference (same seed = same node identities, question-stream seeds and training seed), "
+        "relative to silo, and its 95% interval (Student's t, seeds - 1 degrees of freedom).",
         "",
         "| arm | what | seeds | nodes x rounds | cumulative reward | vs silo | cumulative task score | "
         "vs silo | held-out pass@1 | vs silo |",
@@ -313,14 +316,14 @@ def plot(parts: list[dict], path: Path, window: int) -> None:
     plt.close(fig)
 
 
-def write_report(path: Path, text: str) -> None:
-    """Replace what lies between the BEGIN and END markers of ``path``, or write a new file: the
-    multi-seed table lives inside docs/sapo-table.md, whose prose around it is written by hand."""
+def write_report(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between the ``begin`` and ``end`` markers of ``path``, or write a new file: a
+    generated table lives inside a doc (docs/sapo-table.md) whose prose around it is written by hand."""
     if not path.exists():
-        path.write_text(f"{BEGIN}\n{text}\n{END}\n")
+        path.write_text(f"{begin}\n{text}\n{end}\n")
         return
     old = path.read_text()
-    if BEGIN not in old or END not in old:
-        raise SystemExit(f"{path} has no {BEGIN} ... {END} markers: add them where the table goes")
-    head, rest = old.split(BEGIN, 1)
-    path.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
+    if begin not in old or end not in old:
+        raise SystemExit(f"{path} has no {begin} ... {end} markers: add them where the table goes")
+    head, rest = old.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end, 1)[1]}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.config import NodeConfig, load_config, parse_override
+from swarmnode.config import DRAW_STRIDE, NodeConfig, load_config, parse_override
 from swarmnode.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,3 +184,29 @@ def test_old_and_new_name_together_is_an_error_naming_both():
 def test_an_initial_peer_without_a_peer_id_is_refused_before_anything_starts(addr: str):
     with pytest.raises(ConfigError, match="swarm.initial_peers.*not a full multiaddr.*/p2p/"):
         load_config(None, {"swarm.initial_peers": [addr]})
+
+
+def test_a_weight_may_be_zero_but_not_every_weight() -> None:
+    """Weight 0 keeps a dataset in the mix (verified and trained on from peers) without sampling it."""
+    cfg = load_config(None, {"tasks.mix": {"bf": {"weight": 0}, "basic_arithmetic": {}}})
+    assert cfg.tasks.mix["bf"].weight == 0 and cfg.tasks.mix["basic_arithmetic"].weight == 1
+    with pytest.raises(ConfigError, match=r"field 'tasks\.mix': .*every weight is 0.*> 0"):
+        load_config(None, {"tasks.mix": {"bf": {"weight": 0}, "basic_arithmetic": {"weight": 0.0}}})
+    with pytest.raises(ConfigError, match=r"field 'tasks\.mix\.bf\.weight': .*greater than or equal to 0"):
+        load_config(None, {"tasks.mix": {"bf": {"weight": -1}}})
+
+
+def test_questions_per_round_fits_a_round_of_the_question_stream() -> None:
+    assert load_config(None, {"sampling.questions_per_round": DRAW_STRIDE}).sampling.questions_per_round
+    with pytest.raises(ConfigError, match=r"field 'sampling\.questions_per_round': .*less than or equal"):
+        load_config(None, {"sampling.questions_per_round": DRAW_STRIDE + 1})
+
+
+def test_the_probe_is_off_by_default_and_checked() -> None:
+    probe = NodeConfig().probe
+    assert (probe.every_rounds, probe.questions_per_task) == (0, 32)
+    assert load_config(None, {"probe.every_rounds": 5}).probe.every_rounds == 5
+    with pytest.raises(ConfigError, match=r"field 'probe\.questions_per_task'"):
+        load_config(None, {"probe.questions_per_task": 0})
+    with pytest.raises(ConfigError, match=r"unknown field 'probe\.every'"):
+        load_config(None, {"probe.every": 5})

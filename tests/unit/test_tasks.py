@@ -5,11 +5,11 @@ from collections import Counter
 
 import pytest
 
-from swarmnode.config import SAPO_TASKS, TasksConfig, TaskSpec
+from swarmnode.config import DRAW_STRIDE, SAPO_TASKS, TasksConfig, TaskSpec
 from swarmnode.errors import TaskError
 from swarmnode.prompts import DEFAULT_SYSTEM_PROMPT, prompt_messages
 from swarmnode.rollouts import TaskRef
-from swarmnode.tasks import Question, TaskBank, extract_answer
+from swarmnode.tasks import INDEX_LIMIT, Question, TaskBank, extract_answer
 from tests.helpers.oracles import oracle
 
 ADDITION = {"min_terms": 2, "max_terms": 2, "operators": ["+"]}
@@ -203,6 +203,48 @@ def test_draw_is_deterministic_and_fresh_each_round() -> None:
     counts = Counter(ref.dataset for ref in refs)
     assert set(counts) == {"bf", "basic_arithmetic"}
     assert 0.8 < counts["basic_arithmetic"] / len(refs) < 0.97
+
+
+def test_question_j_of_a_round_does_not_depend_on_how_many_are_drawn() -> None:
+    """Nodes that sample 2 and 4 questions a round see the same first 2 (arms of an experiment differ in
+    questions_per_round, not in which questions they are asked)."""
+    tasks = TasksConfig(mix={"bf": TaskSpec(weight=1.0), "basic_arithmetic": TaskSpec(weight=2.0)})
+    bank = TaskBank(tasks)
+    for seed in (0, 1, 5, 2**40 + 3):
+        for round in range(40):
+            four = bank.draw(round, 4, seed=seed)
+            assert four[:2] == bank.draw(round, 2, seed=seed)
+            assert four[:1] == bank.draw(round, 1, seed=seed)
+            assert bank.draw(round, 9, seed=seed)[:4] == four
+
+
+def test_questions_of_different_rounds_never_repeat_whatever_the_counts() -> None:
+    bank = TaskBank(TasksConfig(mix={"bf": TaskSpec(), "basic_arithmetic": TaskSpec()}, seed=3))
+    refs = [ref for round in range(60) for ref in bank.draw(round, 1 + round % 7)]
+    assert len({ref.key() for ref in refs}) == len(refs)
+    assert bank.draw(2, DRAW_STRIDE)[-1].index == 3 * DRAW_STRIDE - 1  # a full round stops below the next
+
+
+def test_draw_range_is_checked() -> None:
+    bank = TaskBank(TasksConfig(mix={"bf": TaskSpec()}, seed=3))
+    last_round = INDEX_LIMIT // DRAW_STRIDE - 1
+    assert bank.draw(last_round, 2)[-1].index == last_round * DRAW_STRIDE + 1 < INDEX_LIMIT
+    for round, count in ((last_round + 1, 1), (0, DRAW_STRIDE + 1), (-1, 1), (0, -1)):
+        with pytest.raises(ValueError, match="out of range"):
+            bank.draw(round, count)
+
+
+def test_a_weight_of_zero_keeps_a_dataset_in_the_mix_but_never_draws_it() -> None:
+    specialist = TaskBank(TasksConfig(mix={"bf": TaskSpec(), "basic_arithmetic": TaskSpec(weight=0)}))
+    generalist = TaskBank(TasksConfig(mix={"bf": TaskSpec(weight=3.0), "basic_arithmetic": TaskSpec()}))
+    assert specialist.fingerprint == generalist.fingerprint  # peers of one swarm: they verify each other
+    refs = [ref for round in range(100) for ref in specialist.draw(round, 4)]
+    assert {ref.dataset for ref in refs} == {"bf"}
+    assert {ref.dataset for ref in generalist.draw(0, 40)} == {"bf", "basic_arithmetic"}
+    # what it does not draw it still regenerates and checks: a peer's group of it is one of its own
+    peer_ref = next(ref for ref in generalist.draw(0, 40) if ref.dataset == "basic_arithmetic")
+    specialist.check_ref(wire(peer_ref))
+    assert specialist.question(wire(peer_ref)).text == generalist.question(peer_ref).text
 
 
 def test_eval_refs_are_held_out(bank: TaskBank) -> None:

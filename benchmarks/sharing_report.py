@@ -1,0 +1,50 @@
+"""The report of #28's experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2), rebuilt from the
+committed per-(arm, seed) summaries alone by one command: each experiment's block of ``--report`` (between
+its markers) and its probe-curve plot. An experiment without summaries yet keeps its block as it is.
+
+    .venv/bin/python -m benchmarks.sharing_report   # docs/sharing.md, docs/sharing-e1.png, -e2.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from swarmnode.experiment.sapo_report import load_summaries, write_report
+from swarmnode.experiment.sharing_report import BLOCKS, EXPERIMENTS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for name in EXPERIMENTS:
+        parser.add_argument(
+            f"--{name}", type=Path, default=REPO / "docs" / "sharing" / name, help=f"{name}'s summaries"
+        )
+    parser.add_argument("--report", type=Path, default=REPO / "docs" / "sharing.md")
+    parser.add_argument("--plots", type=Path, default=REPO / "docs", help="sharing-<experiment>.png go here")
+    args = parser.parse_args()
+    if not args.report.exists():
+        args.report.write_text("".join(f"{begin}\n{end}\n\n" for begin, end in BLOCKS.values()))
+    for name, (make_report, make_plot) in EXPERIMENTS.items():
+        folder = getattr(args, name)
+        parts = load_summaries(folder) if folder.is_dir() else []
+        if not parts:
+            print(f"{name}: no summaries in {folder}; its block is left as it is", file=sys.stderr)
+            continue
+        plot = args.plots / f"sharing-{name}.png"
+        make_plot(parts, plot)
+        write_report(
+            args.report, make_report(parts, os.path.relpath(plot, args.report.parent)), *BLOCKS[name]
+        )
+        print(f"{name}: {len(parts)} summaries -> {args.report}, {plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

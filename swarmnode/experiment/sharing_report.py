@@ -1,0 +1,256 @@
+"""The report of #28's experiments E1 and E2 (``benchmarks.sharing_report``), built from the committed
+per-(arm, seed) summaries of ``benchmarks.sapo_table`` alone: the pre-stated comparisons and verdicts of
+``sharing``, per-task tables, the probe curves as plots, and the commands that made the summaries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from swarmnode.experiment import sharing
+from swarmnode.experiment.sapo_report import show
+from swarmnode.experiment.stats import interval, t_quantile
+
+BLOCKS = {  # experiment -> the markers its generated block sits between in the report
+    name: (f"<!-- sharing-{name}:begin (generated: python -m benchmarks.sharing_report) -->",
+           f"<!-- sharing-{name}:end -->")
+    for name in ("e1", "e2")
+}  # fmt: skip
+ROLE_WORDS = {"own": "its own task", "unsampled": "the task it never samples", "all": "all tasks"}
+
+
+def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
+    """What ran: config, setup, machines, time, seeds per arm (``names`` first, in their order)."""
+    setup = parts[0]["setup"]
+    found = sharing.by_arm(parts)
+    order = [n for n in names if n in found] + [n for n in found if n not in names]
+    arms = {name: found[name] for name in order}
+    sets = f" with `{' '.join(setup['sets'])}`" if setup["sets"] else ""
+    split = setup.get("specialise")
+    tasks = f"; tasks A, B = {', '.join(f'`{t}` {c}' for t, c in split.items())}" if split else ""
+    return [
+        f"Config `{setup['config']}`{sets}, {setup['groups']} groups per node and round, {setup['rounds']} "
+        f"rounds{tasks}.  ",
+        f"Probe every {setup.get('probe_every')} rounds ({probe_questions(parts)} questions per task, "
+        f"greedy); final held-out evaluation: {setup.get('eval_per_task')} questions per task.  ",
+        "Seeds: " + "; ".join(f"{name} {', '.join(map(str, seeds))}" for name, seeds in arms.items()) + "  ",
+        "Machine(s): " + "; ".join(sorted({p["machine_line"] for p in parts})) + "  ",
+        f"Wall time: {sum(p['wall_s'] + p['eval_s'] for p in parts) / 3600:.1f} h, evaluations included.",
+    ]
+
+
+def probe_questions(parts: list[dict]) -> str:
+    """The probe's questions per task, as the nodes wrote them (one number, or each that occurs)."""
+    counts = {line["questions_per_task"] for p in parts for node in p["nodes"] for line in node["probe"]}
+    return "/".join(map(str, sorted(counts))) or "no"
+
+
+def show_comparison(c: sharing.Comparison, what: str, spec: str = "+.3f") -> str:
+    """One line: the paired difference, its 95% interval, the 90% interval the TOST uses, the margin."""
+    d = c.diff
+    unpaired = f" Unpaired seed(s) {list(c.unpaired)} left out." if c.unpaired else ""
+    if d.n < 2:
+        return (
+            f"- **{c.arm} - {c.baseline}**, {what}: {d.n} paired seed(s), too few for an interval.{unpaired}"
+        )
+    half90 = t_quantile(0.95, d.n - 1) * d.sd / math.sqrt(d.n)
+    return (
+        f"- **{c.arm} - {c.baseline}**, {what}: {d.mean:{spec}} over {d.n} seeds, 95% CI "
+        f"[{d.lo:{spec}}, {d.hi:{spec}}]; 90% CI [{d.mean - half90:{spec}}, {d.mean + half90:{spec}}] "
+        f"against the margin ±{c.margin:.3f}.{unpaired}"
+    )
+
+
+def arm_table(
+    arms: dict[str, dict[int, dict]], names: tuple[str, ...], metrics: list[tuple[str, Callable]]
+) -> list[str]:
+    """Per arm: each metric's mean over seeds (each seed the mean over its nodes) ± its 95% half-width."""
+    lines = [
+        "| arm | what | seeds | " + " | ".join(label for label, _ in metrics) + " |",
+        "|---|---|---|" + "---|" * len(metrics),
+    ]
+    for name in (n for n in names if n in arms):
+        seeds = arms[name]
+        cells = [show(interval(list(sharing.per_seed(seeds, value).values())), ".3f") for _, value in metrics]
+        what = next(iter(seeds.values()))["what"]
+        lines.append(f"| {name} | {what} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def task_table(arms: dict[str, dict[int, dict]], names: tuple[str, ...]) -> list[str]:
+    """Per arm and task, split by whether the nodes sample it: held-out pass@1, probe area, and the
+    untrained model's probe (round 0; the same questions in every arm, so it should match across rows)."""
+    lines = [
+        "| arm | task | nodes | held-out pass@1 | probe area | untrained (probe, round 0) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in (n for n in names if n in arms):
+        seeds = arms[name]
+        first = next(iter(seeds.values()))["nodes"]
+        for task in sorted(first[0]["weights"]):
+            for sampled, who in ((True, "that sample it"), (False, "that never sample it")):
+                if not any((node["weights"][task] > 0) == sampled for node in first):
+                    continue
+                cells = []
+                for metric in (_task_held_out, _task_area, _task_untrained):
+                    value = _only(task, sampled, metric)
+                    cells.append(show(interval(list(sharing.per_seed(seeds, value).values())), ".3f"))
+                lines.append(f"| {name} | {task} | {who} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _only(task: str, sampled: bool, metric: Callable[[dict, str], float]) -> Callable[[dict], float]:
+    """``metric`` of ``task`` for nodes whose sampling of it is ``sampled``, nan for the others."""
+    return lambda node: metric(node, task) if (node["weights"][task] > 0) == sampled else float("nan")
+
+
+def _task_held_out(node: dict, task: str) -> float:
+    return sharing.held_out(node, [task])
+
+
+def _task_area(node: dict, task: str) -> float:
+    return sharing.probe_area(sharing.probe_curve(node, [task]))
+
+
+def _task_untrained(node: dict, task: str) -> float:
+    curve = sharing.probe_curve(node, [task])
+    return curve[0][1] if curve and curve[0][0] == 0 else float("nan")
+
+
+def footer(parts: list[dict], plot_name: str) -> list[str]:
+    """The plot, and the commands that made the summaries, once each."""
+    return [
+        f"![probe pass@1 per round, mean over seeds with its 95% band]({plot_name})",
+        "",
+        "The bands show the spread between seeds; the verdicts use the differences paired by seed, from "
+        "which the seed-to-seed spread cancels.",
+        "",
+        "Commands:",
+        "",
+        "```",
+        *sorted({p["command"] for p in parts}),
+        "```",
+    ]
+
+
+def e1_report(parts: list[dict], plot_name: str) -> str:
+    arms = sharing.by_arm(parts)
+    transfer, own = sharing.e1_comparisons(arms)
+    verdicts = sharing.e1_verdicts(transfer, own)
+    metrics = [
+        (f"held-out pass@1, {ROLE_WORDS[role]}", sharing.final_pass1(role)) for role in ("unsampled", "own")
+    ] + [(f"probe area, {ROLE_WORDS[role]}", sharing.area(role)) for role in ("unsampled", "own")]
+    return "\n".join([
+        *header(parts, sharing.E1_ARMS),
+        "",
+        f"**Verdict** (rules and margins fixed before the runs: `swarmnode/experiment/sharing.py`): "
+        f"**{verdicts[0]}**; **{verdicts[1]}**.",
+        "",
+        show_comparison(transfer, "held-out pass@1 on the task a node never samples (primary; no transfer "
+                        f"if the 90% CI lies inside ±{sharing.E1_TRANSFER_MARGIN})"),
+        show_comparison(own, "held-out pass@1 on the node's own task (secondary; non-inferior if the 95% "
+                        f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
+        "",
+        "Per arm, mean over seeds of the mean over a seed's nodes, ± the half-width of its 95% interval "
+        "(a generalist samples both tasks, so it has no never-sampled task):",
+        "",
+        *arm_table(arms, sharing.E1_ARMS, metrics),
+        "",
+        "Per task:",
+        "",
+        *task_table(arms, sharing.E1_ARMS),
+        "",
+        *footer(parts, plot_name),
+    ])  # fmt: skip
+
+
+def e2_report(parts: list[dict], plot_name: str) -> str:
+    arms = sharing.by_arm(parts)
+    share, batch, same_sampling = sharing.e2_comparisons(arms)
+    verdicts = sharing.e2_verdicts(share, batch)
+    metrics = [("probe area", sharing.area("all")), ("held-out pass@1", sharing.final_pass1("all"))]
+    what = "probe area"
+    return "\n".join([
+        *header(parts, sharing.E2_ARMS),
+        "",
+        f"**Verdict** (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before the runs: "
+        f"`swarmnode/experiment/sharing.py`): " + ", ".join(f"**{v}**" for v in verdicts) + ".",
+        "",
+        show_comparison(share, what),
+        show_comparison(batch, what),
+        show_comparison(same_sampling, what + " (same sampling; not a verdict of its own)"),
+        "",
+        "Per arm, mean over seeds of the mean over a seed's nodes, ± the half-width of its 95% interval; "
+        "probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last):",
+        "",
+        *arm_table(arms, sharing.E2_ARMS, metrics),
+        "",
+        "Per task:",
+        "",
+        *task_table(arms, sharing.E2_ARMS),
+        "",
+        *footer(parts, plot_name),
+    ])  # fmt: skip
+
+
+def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[float], list[float]]:
+    """Rounds probed in every seed; per round the mean over seeds (each seed the mean over its nodes)
+    and the half-width of its 95% interval (nan with one seed)."""
+    per_seed: list[dict[int, float]] = []
+    for part in seeds.values():
+        curves = [dict(sharing.probe_curve(node, sharing.tasks_of(node, role))) for node in part["nodes"]]
+        rounds = set.intersection(*(set(c) for c in curves))
+        per_seed.append({r: sum(c[r] for c in curves) / len(curves) for r in rounds})
+    rounds = sorted(set.intersection(*(set(c) for c in per_seed)))
+    intervals = [interval([c[r] for c in per_seed]) for r in rounds]
+    return rounds, [iv.mean for iv in intervals], [iv.half for iv in intervals]
+
+
+def plot_probe(
+    arms: dict[str, dict[int, dict]], panels: list[tuple[str, list[tuple[str, str]]]], path: Path
+) -> None:
+    """One panel per (title, [(arm, role)]): probe pass@1 per round, mean over seeds, 95% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
+    for ax, (title, lines) in zip(axes[0], panels, strict=True):
+        for name, role in lines:
+            if name not in arms:
+                continue
+            rounds, mean, half = seed_curves(arms[name], role)
+            label = f"{name} ({len(arms[name])} seeds)" + (f", {ROLE_WORDS[role]}" if role != "all" else "")
+            (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
+            if len(arms[name]) > 1:
+                lo = [m - h for m, h in zip(mean, half, strict=True)]
+                hi = [m + h for m, h in zip(mean, half, strict=True)]
+                ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.15)
+        ax.set_title(title)
+        ax.set_xlabel("round")
+        ax.set_ylabel("probe pass@1 (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_e1(parts: list[dict], path: Path) -> None:
+    def lines(role: str) -> list[tuple[str, str]]:
+        return [("spec-silo", role), ("spec-2/2", role), ("generalist-silo", "all")]
+
+    panels = [("the task a node never samples", lines("unsampled")), ("the node's own task", lines("own"))]
+    plot_probe(sharing.by_arm(parts), panels, path)
+
+
+def plot_e2(parts: list[dict], path: Path) -> None:
+    plot_probe(
+        sharing.by_arm(parts), [("mean over tasks", [(name, "all") for name in sharing.E2_ARMS])], path
+    )
+
+
+EXPERIMENTS = {"e1": (e1_report, plot_e1), "e2": (e2_report, plot_e2)}

@@ -1,0 +1,210 @@
+"""#28's pre-stated rules on constructed summaries: every E1 and E2 verdict can be reached, the paired
+intervals are scipy's on the per-seed means, and the area under a probe curve is the hand-computed one.
+The report and its plots are built from summaries on disk. No model runs."""
+
+from __future__ import annotations
+
+import pytest
+from scipy import stats as scipy_stats
+
+from swarmnode.experiment import sharing
+from swarmnode.experiment.sapo_report import dump, load_summaries, summary_path
+from swarmnode.experiment.sharing_report import EXPERIMENTS, seed_curves
+
+A, B = "basic_arithmetic", "propositional_logic"
+SEEDS = range(6)
+# per seed, small differences that do not cancel: the rules must see through seed-to-seed spread
+JITTER = [0.004, -0.003, 0.001, -0.002, 0.003, -0.001]
+NOISE = [0.08, -0.07, 0.01, -0.09, 0.06, 0.02]  # spread too wide for any claim at 6 seeds
+
+
+def node(
+    i: int, weights: dict[str, float], held_out: dict[str, float], probe: list[tuple[int, float]]
+) -> dict:
+    """A node's summary record: its weights, held-out pass@1 per task, a probe curve (every task alike)."""
+
+    def scores(v: float) -> dict[str, float]:
+        return {"pass@1": v, "score": v, "format": 1.0}
+
+    lines = [
+        {"round": r, "questions_per_task": 32, "by_task": {t: scores(v) for t in weights}, **scores(v),
+         "seconds": 1.0}
+        for r, v in probe
+    ]  # fmt: skip
+    by_task = {t: scores(v) for t, v in held_out.items()}
+    return {
+        "node": i,
+        "weights": weights,
+        "rounds": {},
+        "probe": lines,
+        "eval": {"pass@1": 0.0, "by_task": by_task},
+    }
+
+
+def summary(arm: str, seed: int, nodes: list[dict], *, local: int, peer: int) -> dict:
+    setup = {"config": "x.yaml", "sets": [], "groups": 4, "rounds": 10, "probe_every": 5,
+             "probe_questions": None, "eval_per_task": 500, "specialise": None}  # fmt: skip
+    return {
+        "arm": arm, "seed": seed, "table": "sharing", "what": arm, "local": local, "peer": peer,
+        "setup": setup, "command": f"python -m benchmarks.sapo_table --arms {arm} --seeds {seed}",
+        "machine_line": "test", "wall_s": 1.0, "eval_s": 1.0, "nodes": nodes,
+    }  # fmt: skip
+
+
+def flat_arm(arm: str, areas: list[float], *, local: int = 4, peer: int = 0) -> dict[int, dict]:
+    """Two nodes per seed, their probes flat at ``areas[seed]`` +- 0.01 (the seed's mean: ``areas[seed]``)."""
+    weights = {A: 1.0}
+    return {
+        s: summary(arm, s, [node(i, weights, {A: v}, [(0, v + d), (5, v + d), (10, v + d)])
+                            for i, d in enumerate((-0.01, 0.01))], local=local, peer=peer)
+        for s, v in zip(SEEDS, areas, strict=True)
+    }  # fmt: skip
+
+
+def e2(share: list[float], silo2: list[float]) -> dict[str, dict[int, dict]]:
+    """silo-4 at 0.20 +- seed luck; 2/2 and silo-2 as offsets from it, seed by seed."""
+    base = [0.20 + 0.03 * (s % 3) for s in SEEDS]
+    return {
+        "silo-4": flat_arm("silo-4", base),
+        "2/2": flat_arm("2/2", [b + d for b, d in zip(base, share, strict=True)], local=2, peer=2),
+        "silo-2": flat_arm("silo-2", [b + d for b, d in zip(base, silo2, strict=True)], local=2),
+    }
+
+
+def offset(mean: float, spread: list[float] = JITTER) -> list[float]:
+    return [mean + j for j in spread]
+
+
+@pytest.mark.parametrize(
+    ("share", "silo2", "verdicts"),
+    [
+        (offset(0.05), NOISE, ["helps"]),
+        (offset(-0.05), NOISE, ["hurts"]),
+        (offset(0.0), NOISE, ["does not help here"]),
+        (offset(0.0), offset(-0.05), ["does not help here", "only saves sampling"]),
+        (NOISE, offset(0.0), ["batch size irrelevant"]),
+        (offset(0.0), offset(0.0), ["does not help here", "batch size irrelevant"]),
+        (NOISE, NOISE, ["inconclusive"]),
+    ],
+)
+def test_every_e2_verdict_is_reachable(share, silo2, verdicts):
+    share_c, batch_c, _ = sharing.e2_comparisons(e2(share, silo2))
+    assert sharing.e2_verdicts(share_c, batch_c) == verdicts
+
+
+def specialists(arm: str, seed: int, own: float, unsampled: float, *, peer: int) -> dict:
+    """Nodes 0-1 sample A only, 2-3 B only; each scores ``own`` on its task and ``unsampled`` on the other."""
+    nodes = []
+    for i in range(4):
+        mine, other = (A, B) if i < 2 else (B, A)
+        weights = {mine: 1.0, other: 0.0}
+        nodes.append(node(i, weights, {mine: own, other: unsampled}, [(0, 0.2), (10, own)]))
+    return summary(arm, seed, nodes, local=4 - peer, peer=peer)
+
+
+def e1(transfer: list[float], own: list[float]) -> dict[str, dict[int, dict]]:
+    silo = {s: specialists("spec-silo", s, 0.40, 0.20 + 0.02 * s, peer=0) for s in SEEDS}
+    swarm = {
+        s: specialists("spec-2/2", s, 0.40 + own[s], 0.20 + 0.02 * s + transfer[s], peer=2) for s in SEEDS
+    }
+    return {"spec-silo": silo, "spec-2/2": swarm}
+
+
+@pytest.mark.parametrize(
+    ("transfer", "own", "verdicts"),
+    [
+        (offset(0.06), offset(0.0), ["peers teach the unsampled task", "own task non-inferior"]),
+        (offset(-0.06), offset(0.0), ["sharing hurts the unsampled task", "own task non-inferior"]),
+        (offset(0.0), offset(-0.02), ["no transfer", "own task non-inferior"]),
+        (NOISE, offset(-0.05), ["transfer inconclusive", "own task not shown non-inferior"]),
+        (offset(0.0), NOISE, ["no transfer", "own task not shown non-inferior"]),
+    ],
+)
+def test_every_e1_verdict_is_reachable(transfer, own, verdicts):
+    assert sharing.e1_verdicts(*sharing.e1_comparisons(e1(transfer, own))) == verdicts
+
+
+def test_e1_compares_the_task_each_node_never_samples_paired_by_seed_as_scipy_does():
+    transfer, _ = sharing.e1_comparisons(e1(NOISE, offset(0.0)))
+    silo = [0.20 + 0.02 * s for s in SEEDS]  # every node's never-sampled task, per seed
+    swarm = [v + n for v, n in zip(silo, NOISE, strict=True)]
+    expected = scipy_stats.ttest_rel(swarm, silo).confidence_interval(0.95)
+    assert (transfer.diff.lo, transfer.diff.hi) == pytest.approx((expected.low, expected.high), rel=1e-9)
+
+
+@pytest.mark.parametrize("loss", [0.02, 0.03])
+def test_own_task_non_inferiority_is_scipys_one_sided_test_at_2_5_percent(loss):
+    _, own = sharing.e1_comparisons(e1(offset(0.0), offset(-loss)))
+    expected = scipy_stats.ttest_rel([0.40 - loss + j for j in JITTER], [0.40] * 6).confidence_interval(0.95)
+    assert (own.diff.lo, own.diff.hi) == pytest.approx((expected.low, expected.high), rel=1e-9)
+    one_sided = scipy_stats.ttest_1samp(offset(-loss), -sharing.E1_OWN_TASK_MARGIN, alternative="greater")
+    assert own.non_inferior == (one_sided.pvalue < 0.025) == (loss == 0.02)
+
+
+def test_the_tost_of_a_comparison_is_two_one_sided_scipy_tests_against_the_margin():
+    share, _, _ = sharing.e2_comparisons(e2(offset(0.01), NOISE))
+    differences = offset(0.01)
+    above = scipy_stats.ttest_1samp(differences, -sharing.E2_AREA_MARGIN, alternative="greater")
+    below = scipy_stats.ttest_1samp(differences, sharing.E2_AREA_MARGIN, alternative="less")
+    assert share.diff.mean == pytest.approx(0.01 + sum(JITTER) / 6)
+    assert share.equivalent == (above.pvalue < 0.05 and below.pvalue < 0.05)
+
+
+def test_a_seed_one_arm_lacks_is_left_out_and_named():
+    arms = e2(offset(0.0), NOISE)
+    del arms["silo-2"][5]
+    _, batch, _ = sharing.e2_comparisons(arms)
+    assert batch.diff.n == 5 and batch.unpaired == (5,)
+
+
+def test_the_area_under_a_probe_curve_is_the_trapezoids_over_the_span():
+    # (0, .1) -> (5, .2): 5 x .15 = .75; (5, .2) -> (10, .4): 5 x .3 = 1.5; (10, .4) -> (12, .4): .8
+    assert sharing.probe_area([(0, 0.1), (5, 0.2), (10, 0.4)]) == pytest.approx(2.25 / 10)
+    assert sharing.probe_area([(0, 0.1), (5, 0.2), (10, 0.4), (12, 0.4)]) == pytest.approx(3.05 / 12)
+    assert sharing.probe_area([(0, 0.3)]) != sharing.probe_area([(0, 0.3)])  # one point: nan
+
+
+def test_a_probe_curve_is_read_per_task_by_round_with_a_repeated_round_counted_once():
+    record = node(0, {A: 1.0, B: 0.0}, {A: 0.5, B: 0.1}, [(0, 0.1), (5, 0.3), (10, 0.5), (10, 0.5)])
+    record["probe"][1]["by_task"][B]["pass@1"] = 0.1  # B lags at round 5
+    assert sharing.probe_curve(record, [A]) == [(0, 0.1), (5, 0.3), (10, 0.5)]
+    assert sharing.probe_curve(record, sharing.tasks_of(record, "unsampled")) == [
+        (0, 0.1),
+        (5, 0.1),
+        (10, 0.5),
+    ]
+    assert sharing.area("own")(record) == pytest.approx((5 * 0.2 + 5 * 0.4) / 10)
+    assert sharing.final_pass1("unsampled")(record) == 0.1 and sharing.final_pass1("all")(record) == 0.3
+
+
+def test_an_old_silo_summary_reads_as_silo_with_its_group_count():
+    old = summary("silo", 0, [], local=4, peer=0)
+    assert list(sharing.by_arm([old, summary("silo-2", 0, [], local=2, peer=0)])) == ["silo-4", "silo-2"]
+
+
+def test_the_probe_band_is_the_interval_over_seeds_of_the_node_means():
+    rounds, mean, half = seed_curves(flat_arm("silo-4", [0.1, 0.2, 0.3, 0.1, 0.2, 0.3]), "all")
+    assert rounds == [0, 5, 10] and mean == pytest.approx([0.2] * 3)
+    expected = scipy_stats.t.ppf(0.975, 5) * scipy_stats.sem([0.1, 0.2, 0.3] * 2)
+    assert half == pytest.approx([expected] * 3)
+
+
+@pytest.mark.parametrize("experiment", ["e1", "e2"])
+def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, experiment):
+    arms = e1(offset(0.06), offset(0.0)) if experiment == "e1" else e2(offset(0.05), NOISE)
+    for seeds in arms.values():
+        for part in seeds.values():
+            summary_path(tmp_path, part["arm"], part["seed"]).write_text(dump(part))
+    parts = load_summaries(tmp_path)
+    make_report, make_plot = EXPERIMENTS[experiment]
+    text = make_report(parts, "plot.png")
+    make_plot(parts, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if experiment == "e1":
+        assert "**peers teach the unsampled task**; **own task non-inferior**" in text
+        # never sampled, per seed 0.20 + 0.02 s + 0.06 + jitter: 0.310 over the 6 seeds
+        assert "| spec-2/2 | propositional_logic | that never sample it | 0.310 ± " in text
+    else:
+        assert "**helps**" in text and "- **2/2 - silo-4**, probe area: +0.050 over 6 seeds" in text
+        assert "| silo-2 | basic_arithmetic | that sample it |" in text
+    assert f"python -m benchmarks.sapo_table --arms {next(iter(arms))} --seeds 5" in text
