@@ -42,6 +42,7 @@ FREE_ON_RESTART = (
     "swarm.min_peers",
     "swarm.wait_for_peers_s",
     "bootstrap",
+    "probe",  # measures the policy, never changes it
 )
 FIXED_ON_RESTART = ("model",)  # the checkpoints hold weights of this model: no flag changes it
 

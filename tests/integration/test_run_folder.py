@@ -72,9 +72,13 @@ def test_eval_and_config_show_need_nothing_but_the_folder(qwen_run: Path) -> Non
 def test_a_restart_without_the_config_resumes_and_a_conflicting_one_is_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     assert swarmnode("solo", *QWEN, "--rounds", "1", "--run-dir", str(run_dir), cwd=tmp_path).returncode == 0
-    again = swarmnode("solo", "--run-dir", str(run_dir), "--rounds", "2", cwd=tmp_path)
+    # the probe measures the policy and never changes it: free on a restart, like the round count
+    again = swarmnode(
+        "solo", "--run-dir", str(run_dir), "--rounds", "2", "--set", "probe.every_rounds=2", cwd=tmp_path
+    )
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stderr and [r["round"] for r in metrics(run_dir)] == [1, 2]
+    assert [json.loads(line)["round"] for line in (run_dir / "probe.jsonl").read_text().splitlines()] == [2]
 
     conflict = swarmnode(
         "solo", "--run-dir", str(run_dir), "--rounds", "3", "--set", "train.lr=0.5", cwd=tmp_path
