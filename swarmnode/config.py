@@ -222,6 +222,13 @@ class OffPolicyConfig(_Strict):
     foreign: Literal["none", "luffy"] = Field(
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
+    peer_defence: Literal["none", "span", "token_budget", "rescue"] = Field(
+        "none",
+        description="What peer text beyond its verified answer may teach (learn/peer_defence.py, #29): none; "
+        "span = peer tokens in spans this node would not write (its own log-probs) leave the loss; "
+        "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
+        "node fails at.",
+    )
     tis_cap: float = Field(2.0, gt=0, description="tis: largest importance weight C.")
     icepop_low: float = Field(0.5, gt=0, description="icepop: tokens with pi_old/mu below this are masked.")
     icepop_high: float = Field(5.0, gt=0, description="icepop: tokens with pi_old/mu above this are masked.")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import to_sequences
 from swarmnode.learn.heap import return_freed_heap, sampling_heap
+from swarmnode.learn.peer_defence import budget_by_producer, rescue_only
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
@@ -90,6 +91,9 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     if ctx.exchange is not None:
         _say(ctx, "sharing with peers")
     peer_groups = ctx.exchange(round_, local) if ctx.exchange else []
+    defence = ctx.cfg.offpolicy.peer_defence
+    if defence == "rescue":
+        peer_groups = rescue_only(peer_groups, local)
     t_share = time.perf_counter()
     replayed = []
     reincarnate_after = ctx.cfg.replay.reincarnate_after
@@ -108,6 +112,8 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         system_prompt=ctx.cfg.sampling.system_prompt,
         max_new_tokens=ctx.cfg.sampling.max_new_tokens,
     )
+    if defence == "token_budget":
+        sequences = budget_by_producer(sequences)
     _say(ctx, f"training on {len(sequences)} sequences ({sum(s.length for s in sequences)} tokens)")
     if ctx.before_update is not None:
         ctx.before_update()

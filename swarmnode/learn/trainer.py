@@ -43,6 +43,7 @@ from swarmnode.learn.offpolicy import (
     ess_lr_scale,
     remix_kl_coef,
 )
+from swarmnode.learn.peer_defence import own_floor, span_keep, window_means
 from swarmnode.learn.precision import autocast_dtype
 from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
@@ -62,6 +63,7 @@ class StepStats:
     clip_high_frac: float = 0.0
     grad_norm: float = 0.0
     masked_frac: float = 0.0  # tokens dropped by icepop
+    peer_gated_frac: float = 0.0  # peer completion tokens the span defence kept out (peer_defence.py)
     is_weight_mean: float = 1.0  # importance weights at the start of the update
     is_weight_max: float = 1.0
     ess: float = 1.0  # effective sample size of those weights, (sum w)^2 / (n sum w^2)
@@ -89,6 +91,8 @@ class UpdateTotals:
     weight_max: float = 0.0
     behaviour_kl: float = 0.0  # log mu - log pi_old summed over tokens with behaviour log-probs
     behaviour_tokens: float = 0.0  # how many tokens have behaviour log-probs
+    peer_tokens: float = 0.0  # peer completion tokens, before the span defence
+    peer_gated: float = 0.0  # those it kept out of the loss
 
     def add(self, terms: LossTerms, stats: CorrectionStats) -> None:
         """One micro-batch's loss terms and ``Correction.stats``."""
@@ -104,6 +108,26 @@ class UpdateTotals:
         usable = stats.behaviour_frac * stats.tokens
         self.behaviour_kl += stats.kl_k1 * usable
         self.behaviour_tokens += usable
+
+
+class SpanGate:
+    """``offpolicy.peer_defence=span`` over one step (peer_defence.py): own micro-batches come first
+    (``Trainer._batches``), so the floor is taken from all of them before the first peer micro-batch,
+    once per step."""
+
+    def __init__(self) -> None:
+        self._own: list[torch.Tensor] = []
+        self.floor: float | None = None
+
+    def keep(self, old_logp: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
+        """The micro-batch's mask: unchanged for own data, without the low spans for a peer's."""
+        if trusted:
+            if self.floor is None:
+                self._own.append(window_means(old_logp, mask))
+            return mask
+        if self.floor is None:
+            self.floor = own_floor(self._own)
+        return span_keep(old_logp, mask, self.floor)
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -177,6 +201,7 @@ class Trainer:
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None
         off = self.offpolicy
+        span = SpanGate() if off.peer_defence == "span" else None
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
             # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL
@@ -189,12 +214,18 @@ class Trainer:
                     self.model, batch, self.temperature, self.autocast, fuse_head_grad=True
                 )
                 old = old_logps[i] if old_logps is not None else logp.detach()
+                mask = batch.completion_mask
+                if not trusted:
+                    totals.peer_tokens += float(mask.sum())
+                if span is not None:
+                    mask = span.keep(old, mask, trusted)
+                    totals.peer_gated += float(batch.completion_mask.sum() - mask.sum())
                 correction = correction_for(
                     mode,
                     old_logp=old,
                     behaviour_logp=batch.behaviour_logp,
                     has_behaviour=batch.has_behaviour,
-                    mask=batch.completion_mask,
+                    mask=mask,
                     tis_cap=off.tis_cap,
                     icepop_low=off.icepop_low,
                     icepop_high=off.icepop_high,
@@ -241,6 +272,7 @@ class Trainer:
             clip_high_frac=totals.clipped_high / kept,
             grad_norm=float(grad_norm),
             masked_frac=1.0 - totals.kept_tokens / max(totals.tokens, 1.0),
+            peer_gated_frac=totals.peer_gated / max(totals.peer_tokens, 1.0),
             is_weight_mean=totals.weight_sum / kept,
             is_weight_max=totals.weight_max,
             ess=ess,

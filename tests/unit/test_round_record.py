@@ -25,9 +25,9 @@ METRICS_JSONL_KEYS = (
     "replay_dropped_stale", "reincarnated", "groups_kept", "sampled_tokens", "sample_tokens_per_s",
     "seconds_sample", "seconds_score", "seconds_share", "seconds_train", "seconds_sync", "seconds_total",
     "train_sequences", "train_tokens", "train_loss", "train_kl", "train_clip_low_frac",
-    "train_clip_high_frac", "train_grad_norm", "train_masked_frac", "train_is_weight_mean",
-    "train_is_weight_max", "train_ess", "train_behaviour_kl", "train_lr_scale", "train_seconds",
-    "train_tokens_per_s",
+    "train_clip_high_frac", "train_grad_norm", "train_masked_frac", "train_peer_gated_frac",
+    "train_is_weight_mean", "train_is_weight_max", "train_ess", "train_behaviour_kl", "train_lr_scale",
+    "train_seconds", "train_tokens_per_s",
 )  # fmt: skip
 # ... and on a swarm node, after them
 PEER_KEYS = ("peer_batches_received", "peer_groups_accepted", "peer_groups_trained", "peer_rejected",

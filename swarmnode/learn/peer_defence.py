@@ -1,0 +1,113 @@
+"""What a node does with a peer's verified text beyond its answer: defences against payloads (#29).
+
+Verification guarantees that a peer group's rewards are the node's own scores of the peer's answers. It
+says nothing about the rest of the text: a peer that writes a payload (a sentence, a link, a habit) into
+exactly its correct completions gives every payload token a positive advantage, and the node learns it
+("Hail to the Thief", arXiv 2511.09780). Each defence here uses only what the receiver computes itself,
+never a number the sender chose (``offpolicy.peer_defence``):
+
+- ``span``: the receiver's own log-probs (pi_old, which the learner computes anyway) tell text it would
+  write from text it would not. A peer token inside any window of SPAN_WINDOW completion tokens whose
+  mean log-prob under this node is below the *floor* leaves the loss (like icepop's masking). The floor
+  is the OWN_QUANTILE quantile of the same windows over this round's own samples (what this node does
+  write, at its own temperature) minus FLOOR_MARGIN nats per token: a payload the node has not learned
+  sits far below it (measured: -6.7 nats per token against -0.6 to -1.2 for its own samples), and since
+  gated tokens never train, the payload's log-prob does not climb toward it.
+- ``token_budget``: per producer, the peer sequences' total |advantage| x tokens is capped at what one
+  of this round's own groups has on average, so no identity outweighs one local group however long or
+  many its completions (slows a payload; does not stop it).
+- ``rescue``: peer groups only for tasks this node fails at (Mutual RL's rescue set, arXiv 2605.07244):
+  a task whose own groups this round score at least RESCUE_SOLVED on average takes no peer group; a
+  task the node did not sample this round (a specialist's other task) takes them all.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from swarmnode.learn.batch import TrainSequence
+from swarmnode.rollouts import RolloutGroup
+
+Defence = Literal["none", "span", "token_budget", "rescue"]
+SPAN_WINDOW = 8  # tokens in a window
+OWN_QUANTILE = 0.01  # the floor: this quantile of the round's own windows' mean log-prob ...
+FLOOR_MARGIN = 1.0  # ... minus this many nats per token
+FLOOR_WITHOUT_OWN = -5.0  # the floor when this round has no own window to judge from
+RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
+
+
+# ---------------------------------------------------------------------------------------------------
+# span: the receiver's own log-probs
+# ---------------------------------------------------------------------------------------------------
+def window_means(logp: torch.Tensor, mask: torch.Tensor, window: int = SPAN_WINDOW) -> torch.Tensor:
+    """[B, T - window + 1]: the mean log-prob of each window of ``window`` consecutive completion tokens
+    (``mask``) starting at each position; NaN where the window is not all completion tokens."""
+    m = mask.to(torch.float64)
+    x = torch.where(mask.bool(), logp.detach().to(torch.float64), torch.zeros_like(m))
+    if logp.shape[1] < window:
+        return torch.full((logp.shape[0], 0), float("nan"), dtype=torch.float64)
+    sums = F.pad(x.cumsum(1), (1, 0))
+    counts = F.pad(m.cumsum(1), (1, 0))
+    total = sums[:, window:] - sums[:, :-window]
+    full = (counts[:, window:] - counts[:, :-window]) == window
+    return torch.where(full, total / window, torch.full_like(total, float("nan")))
+
+
+def own_floor(own_means: Sequence[torch.Tensor]) -> float:
+    """The span floor from this round's own windows (``window_means`` of each own micro-batch)."""
+    values = torch.cat([m[~torch.isnan(m)].flatten() for m in own_means]) if own_means else torch.empty(0)
+    if values.numel() == 0:
+        return FLOOR_WITHOUT_OWN
+    return float(torch.quantile(values, OWN_QUANTILE)) - FLOOR_MARGIN
+
+
+def span_keep(
+    logp: torch.Tensor, mask: torch.Tensor, floor: float, window: int = SPAN_WINDOW
+) -> torch.Tensor:
+    """bool [B, T]: the completion tokens of ``mask`` not inside any window whose mean log-prob is below
+    ``floor``. A completion shorter than ``window`` has no window and keeps every token."""
+    low = window_means(logp, mask, window) < floor  # NaN (not a full window) compares False
+    if low.shape[1] == 0:
+        return mask.bool()
+    # token t lies in the windows starting at t - window + 1 .. t
+    spread = F.max_pool1d(F.pad(low.to(torch.float32).unsqueeze(1), (window - 1, window - 1)), window, 1)
+    return mask.bool() & (spread.squeeze(1) == 0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# token_budget and rescue: before the learner
+# ---------------------------------------------------------------------------------------------------
+def budget_by_producer(sequences: Sequence[TrainSequence]) -> list[TrainSequence]:
+    """``token_budget``: each producer's peer sequences scaled down (advantages) so their |advantage| x
+    tokens sum to at most one own group's average; own sequences unchanged."""
+    own: defaultdict[int, float] = defaultdict(float)
+    peers: defaultdict[str, float] = defaultdict(float)
+    for s in sequences:
+        weight = abs(s.advantage) * len(s.completion_ids)
+        if s.group.provenance.source == "local":
+            own[id(s.group)] += weight
+        else:
+            peers[s.group.provenance.producer] += weight
+    budget = sum(own.values()) / max(len(own), 1)
+    scale = {producer: min(1.0, budget / w) if w > 0 else 1.0 for producer, w in peers.items()}
+    return [
+        s
+        if s.group.provenance.source == "local"
+        else replace(s, advantage=s.advantage * scale[s.group.provenance.producer])
+        for s in sequences
+    ]
+
+
+def rescue_only(peer_groups: Sequence[RolloutGroup], local: Sequence[RolloutGroup]) -> list[RolloutGroup]:
+    """``rescue``: the peer groups of tasks this node did not solve this round (module docstring)."""
+    scores: defaultdict[str, list[float]] = defaultdict(list)
+    for group in local:
+        scores[group.ref.dataset].extend(group.task_scores)
+    solved = {task for task, s in scores.items() if sum(s) / len(s) >= RESCUE_SOLVED}
+    return [g for g in peer_groups if g.ref.dataset not in solved]
