@@ -11,12 +11,14 @@ dial-back check (reachability.py), so a bootstrap serves it too.
 Metrics (``/metrics`` and ``/health``, same server as a node's): the DHT routing-table size, the records
 it stores for the DHT, libp2p connections, the process collector, and ``swarmnode_dht_alive`` /
 ``swarmnode_health_ok``; ``/health`` is ``degraded`` (HTTP 503) when the DHT process is gone or does not
-answer. SIGINT and SIGTERM stop it cleanly:
-the DHT process and p2pd are shut down before it exits, with status 130 after Ctrl-C (a shell's convention)
-and 0 after SIGTERM (what systemd and ``docker stop`` count as a clean stop; exit 143 would mark the unit
-failed). The DHT process runs in its own process group, so a terminal's Ctrl-C, which signals the whole
-foreground group, reaches only this process: p2pd would otherwise die of it before its orderly shutdown and
-log ``use of closed network connection``.
+answer. ``/`` is its status page: health, connections (the first ``status_page.MAX_PAGE_PEERS`` peer ids)
+and the DHT's size; a bootstrap serves any swarm and keeps no roster, so it shows none.
+
+SIGINT and SIGTERM stop it cleanly: the DHT process and p2pd are shut down before it exits, with status 130
+after Ctrl-C (a shell's convention) and 0 after SIGTERM (what systemd and ``docker stop`` count as a clean
+stop; exit 143 would mark the unit failed). The DHT process runs in its own process group, so a terminal's
+Ctrl-C, which signals the whole foreground group, reaches only this process: p2pd would otherwise die of it
+before its orderly shutdown and log ``use of closed network connection``.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from contextlib import contextmanager
 
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
-from swarmnode import __version__
+from swarmnode import __version__, status_page
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.identity import load_or_create
@@ -51,6 +53,12 @@ class BootstrapCollector:
         """Connected peers and the DHT's stats (empty if the DHT process does not answer in time)."""
         with self._lock:
             return self.transport.connected_peer_count(), self.transport.dht_stats()
+
+    def page(self) -> dict:
+        """The status page's data: connections, the DHT's size and health (a bootstrap keeps no roster)."""
+        with self._lock:
+            peers, dht = self.transport.connected_peers(), self.transport.dht_stats()
+        return status_page.bootstrap_page(self.peer_id, sorted(peers), dht, self._health(dht))
 
     def collect(self) -> Iterator:
         info = InfoMetricFamily("swarmnode_bootstrap", "This bootstrap node: peer id and version.")
@@ -83,7 +91,10 @@ class BootstrapCollector:
         return [] if dht else ["the DHT process does not answer"]
 
     def health(self) -> dict:
-        reasons = self._problems(self.state()[1])
+        return self._health(self.state()[1])
+
+    def _health(self, dht: dict) -> dict:
+        reasons = self._problems(dht)
         return {
             "status": "degraded" if reasons else "ok",
             "reasons": reasons,
@@ -147,7 +158,7 @@ def run_bootstrap(cfg: NodeConfig) -> int:
         collector = BootstrapCollector(identity.peer_id, transport)
         if boot.metrics_port is not None:
             server = MetricsServer(collector, boot.metrics_host, boot.metrics_port)
-            log(f"metrics at {server.url}/metrics (health: {server.url}/health)")
+            log(f"metrics at {server.url}/metrics (health: {server.url}/health, status page: {server.url}/)")
         log(f"bootstrap node up: peer id {identity.peer_id}")
         log("nodes join through it with (list it under swarm.initial_peers):")
         for addr in addrs:

@@ -208,13 +208,29 @@ def status(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every 2 s until Ctrl-C.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html", help="Write the status page (curves, peers, rejections) of the run folder to this file."
+        ),
+    ] = None,
 ):
-    """Show a node's peers, rounds, rollouts sent/received/accepted/rejected by reason, and bans."""
+    """Show a node's rounds, connection, peers (who helped), rollouts, rejections by reason and bans."""
     with _boundary():
         cfg = _config(config, set_, **{"run.run_dir": run_dir and str(run_dir)})
         from swarmnode.status import format_status, read_status
 
         folder = Path(cfg.run.run_dir)
+        if html is not None:
+            from swarmnode.errors import StatusError
+            from swarmnode.status_page import render, saved_page
+
+            try:
+                html.write_text(render(saved_page(folder)))
+            except OSError as exc:
+                raise StatusError(f"cannot write {html}: {exc.strerror}") from None
+            typer.echo(f"wrote {html}: open it in a browser (it needs no network)")
+            return
         if not watch:
             typer.echo(format_status(read_status(folder)))
             return

@@ -1,4 +1,4 @@
-"""Prometheus metrics and a health check for one node: ``/metrics`` and ``/health`` over HTTP.
+"""Prometheus metrics, a health check and a status page for one node: ``/metrics``, ``/health`` and ``/``.
 
 Each node has its own registry (several nodes can share a test process). Metrics are derived at scrape
 time from the node's latest round record, its swarm status and its checkpoint time, through one custom
@@ -15,6 +15,11 @@ connection has ``REQUEST_DEADLINE_S`` in all to send its request and take the an
 its bytes; when every slot is taken, a new connection closes the oldest one still sending its request (a
 scraper sends its request at once, so only a connection that has not is ever closed for another). So idle
 or trickling clients, even ones that reconnect at once, cannot block a scrape.
+
+``/`` is the status page for people (``status_page``: curves, peers, rejections, health), ``/page.json``
+what it refreshes from; both read the node's run folder through a ``run_view.RunFolderReader``, within its
+byte bounds and again only when a file changed, so asking for them as often as one likes costs the node
+little more than a scrape.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from swarmnode import __version__
+from swarmnode import __version__, status_page
 from swarmnode.common import atomic_write
-from swarmnode.errors import ConfigError
+from swarmnode.errors import ConfigError, StatusError
+from swarmnode.run_view import RunFolderReader
 from swarmnode.swarm.exchange.records import ARRIVAL_BUCKETS_S
 
 if TYPE_CHECKING:
@@ -75,6 +81,10 @@ ROUND_GAUGES = {
     "train.is_weight_mean": ("swarmnode_importance_weight_mean", "Mean importance weight."),
     "train.is_weight_max": ("swarmnode_importance_weight_max", "Largest importance weight."),
     "train.masked_frac": ("swarmnode_masked_token_ratio", "Share of tokens masked out of the loss."),
+    "train.peer_gated_frac": (
+        "swarmnode_peer_gated_token_ratio",
+        "Share of peer completion tokens the span defence kept out of the loss (offpolicy.peer_defence).",
+    ),
     "train.behaviour_kl": ("swarmnode_behaviour_kl", "KL(behaviour || learner), k1 estimate."),
     "groups_kept": ("swarmnode_groups_trained", "Question groups in the last update (nonzero advantage)."),
 }
@@ -82,10 +92,12 @@ PHASES = ("sample", "score", "share", "train", "sync", "total")
 
 
 class NodeCollector:
-    """Turns the node's latest state into metric families at scrape time."""
+    """Turns the node's latest state into metric families at scrape time, and into the status page's data
+    (``page``: its run folder ``run_dir``, read by ``run_view.RunFolderReader``, with its health)."""
 
-    def __init__(self, info: dict[str, str]):
+    def __init__(self, info: dict[str, str], run_dir: Path | None = None):
         self.info = info
+        self.reader = RunFolderReader(run_dir) if run_dir is not None else None
         self.rounds = 0
         self._record: RoundRecord | None = None
         self.swarm: SwarmStatus | None = None
@@ -139,6 +151,14 @@ class NodeCollector:
             "uptime_s": uptime,
             "round": round_,
         }
+
+    def page(self) -> dict:
+        """The status page's data: the run folder's view (None before the node wrote any) and health."""
+        view = None
+        if self.reader is not None:
+            with contextlib.suppress(StatusError):  # no round and no status written yet
+                view = self.reader.read()
+        return status_page.node_page(view, live=True, info=self.info, health=self.health())
 
     def collect(self) -> Iterator:
         yield _info("swarmnode_node", "The node: model, sampler backend, version, peer id.", self.info)
@@ -384,9 +404,11 @@ class _ThreadedServer(socketserver.ThreadingMixIn, WSGIServer):
 
 
 class MetricsServer:
-    """``/metrics`` (Prometheus text format) and ``/health`` (JSON) in a daemon thread.
+    """``/metrics`` (Prometheus text format), ``/health`` (JSON) and the status page (``/``, and the
+    ``/page.json`` it refreshes from: ``status_page``) in a daemon thread.
 
-    ``collector`` is a NodeCollector or anything else with ``collect()`` and ``health()`` (the bootstrap's).
+    ``collector`` is a NodeCollector or anything else with ``collect()``, ``health()`` and ``page()`` (the
+    bootstrap's).
     """
 
     def __init__(self, collector: Any, host: str, port: int):
@@ -423,9 +445,13 @@ class MetricsServer:
             body, ctype = json.dumps(health).encode(), "application/json"
             if health["status"] != "ok":
                 code = "503 Service Unavailable"
+        elif path == "/":
+            body, ctype = status_page.render(self.collector.page()).encode(), "text/html; charset=utf-8"
+        elif path == "/page.json":
+            body, ctype = status_page.page_json(self.collector.page()), "application/json"
         else:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"see /metrics and /health\n"]
+            return [b"see / (the status page), /metrics and /health\n"]
         start_response(code, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
         return [body]
 

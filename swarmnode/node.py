@@ -105,7 +105,7 @@ class Node:
         self._lock = _lock_run_dir(self.run_dir)
         save_config(cfg, self.run_dir)
         # First, so that a taken port stops the node before anything slow (the node info comes later)
-        self.metrics = NodeCollector({})
+        self.metrics = NodeCollector({}, self.run_dir)
         self.metrics.write_failures = self.runlog.write_failures  # round-log appends a full disk refused
         if cfg.run.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
@@ -156,7 +156,8 @@ class Node:
             self.metrics_server.write_target(
                 self.run_dir, {"peer_id": self.peer_id, "model": self.policy.name}
             )
-            log(f"metrics at {self.metrics_server.url}/metrics (health: {self.metrics_server.url}/health)")
+            url = self.metrics_server.url
+            log(f"status page at {url}/ (metrics: {url}/metrics, health: {url}/health)")
 
     def close(self) -> None:
         """Stop the metrics server and release the run folder (the process exiting does the same)."""

@@ -186,7 +186,7 @@ class Puller:
         announcement = self.verifier.check_announcement(candidate.record, author)
         if announcement is None:
             return
-        self.roster.heard_from(author, announcement.timestamp)
+        self.roster.heard_from(author, announcement)
         key = (author, announcement.payload_sha256)
         # data already pulled or accepted, announced anew: never pulled twice
         if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):

@@ -38,7 +38,7 @@ from swarmnode.swarm.exchange.compat import card_fingerprint
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.standing import PROBATION_CARDS
 from swarmnode.swarm.wire import codec, dht_rules, limits, work
-from swarmnode.swarm.wire.protocol import RosterCard
+from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
 # roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
@@ -75,7 +75,7 @@ class Roster:
         self.live: set[str] = set()  # as of the last roster read
         self.reads = 0  # roster reads so far (0: not yet)
         self.refused: Counter[str] = Counter()  # cards not taken, by reason
-        self._heard: dict[str, float] = {}  # peer -> when it signed its newest announcement checked here
+        self._heard: dict[str, BatchAnnouncement] = {}  # peer -> its newest announcement checked here
         self._probation: OrderedDict[str, None] = OrderedDict()  # cards without standing, oldest first
         self._failed: OrderedDict[str, float] = OrderedDict()  # failed probation: peer -> refused until
         self._missed: set[str] = set()  # peers without standing that missed a round they were waited for
@@ -199,11 +199,23 @@ class Roster:
         with self.lock:
             self._missed.update(p for p in peers if p in self.cards and not self.book.has_standing(p))
 
-    def heard_from(self, peer: str, signed_at: float) -> None:
-        """A roster peer's new announcement passed its checks (signature, freshness): it is alive."""
+    def heard_from(self, peer: str, announcement: BatchAnnouncement) -> None:
+        """A roster peer's new announcement passed its checks (signature, freshness): it is alive, at the
+        round and policy version it announced."""
         with self.lock:
-            if peer in self.cards:
-                self._heard[peer] = max(self._heard.get(peer, 0.0), signed_at)
+            heard = self._heard.get(peer)
+            if peer in self.cards and (heard is None or announcement.timestamp > heard.timestamp):
+                self._heard[peer] = announcement
+
+    def progress(self, peer: str) -> tuple[int, int, float]:
+        """(round, policy version, signed at) from ``peer``'s newest signed message checked here: its card
+        or a batch announcement. A card is re-signed only every ``ttl_s`` / 4 (15 s to 112 s), carrying the
+        round its node had then; an announcement comes every round."""
+        with self.lock:
+            card, heard = self.cards[peer], self._heard.get(peer)
+            if heard is not None and heard.timestamp > card.timestamp:
+                return heard.round, heard.policy_version, heard.timestamp
+            return card.round, card.policy_version, card.timestamp
 
     def knows(self, author: str, holder: str) -> bool:
         """Whether a notice from ``holder`` about ``author``'s batch is worth pulling: only compatible
@@ -226,7 +238,7 @@ class Roster:
         return members[:count]
 
     def _signed_last(self, peer: str) -> float:
-        return max(self.cards[peer].timestamp, self._heard.get(peer, 0.0))
+        return self.progress(peer)[2]
 
     def _ignore(self, peer: str, why: str) -> None:
         """Say once per peer why its card is not taken."""

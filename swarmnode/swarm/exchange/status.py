@@ -21,6 +21,7 @@ from swarmnode.swarm.exchange.records import ARRIVAL_BUCKETS_S, ArrivalHistogram
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire.protocol import RosterCard
 
 STATUS_FILE = "status.json"
 
@@ -47,7 +48,10 @@ class DHTHealth:
 
 @dataclass(frozen=True)
 class PeerStatus:
-    """A roster peer as its newest card says, and whether it is banned here."""
+    """A roster peer: model and tokenizer from its newest card; round and policy version from its newest
+    signed message checked here (its card or a batch announcement: ``Roster.progress``) and
+    ``seen_s_ago`` that message's age; whether it has standing here (a verified group of it accepted) and
+    whether it is banned."""
 
     model: str
     tokenizer: str
@@ -55,6 +59,7 @@ class PeerStatus:
     round: int
     seen_s_ago: float
     banned: bool
+    standing: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class SwarmStatus:
     notices: dict[str, int] = field(default_factory=dict)  # received and refused, by outcome
     pulls_by_source: dict[str, int] = field(default_factory=dict)  # batches found by notice / poll / holder
     bans: tuple[tuple[str, float, int, str], ...] = ()  # peer, seconds left, count, reason
+    client_mode: bool = False  # the DHT runs as a client: behind NAT, peers pull over its connections
+    reachability: str = ""  # the dial-back verdict (``Transport.reachability``)
 
     @classmethod
     def take(
@@ -103,11 +110,7 @@ class SwarmStatus:
         now, counters = time.time(), state.counters
         return cls(
             updated=now,
-            peers={
-                peer: PeerStatus(card.model_name, card.tokenizer_fingerprint, card.policy_version, card.round,
-                                 round(now - card.timestamp, 1), book.is_banned(peer))
-                for peer, card in sorted(roster.cards.items())
-            },
+            peers={peer: _peer(roster, book, peer, card, now) for peer, card in sorted(roster.cards.items())},
             rollouts=RolloutTotals(
                 counters.batches_published, counters.groups_published, counters.batches_received,
                 counters.groups_accepted, counters.groups_trained, counters.duplicate_groups, len(state.pool),
@@ -132,6 +135,7 @@ class SwarmStatus:
             rejected=d["rejected"], fetch_failures=d["fetch_failures"], roster_refused=d["roster_refused"],
             notices=d["notices"], pulls_by_source=d["pulls_by_source"],
             bans=tuple((b["peer"], b["remaining_s"], b["count"], b["reason"]) for b in d["bans"]),
+            client_mode=d.get("client_mode", False), reachability=d.get("reachability", ""),
         )  # fmt: skip
 
     def as_dict(self) -> dict:
@@ -150,10 +154,19 @@ class SwarmStatus:
             "rejected": self.rejected, "fetch_failures": self.fetch_failures,
             "roster_refused": self.roster_refused, "notices": self.notices,
             "pulls_by_source": self.pulls_by_source,
+            "client_mode": self.client_mode, "reachability": self.reachability,
             "bans": [
                 {"peer": p, "remaining_s": left, "count": n, "reason": why} for p, left, n, why in self.bans
             ],
         }  # fmt: skip
+
+
+def _peer(roster: Roster, book: PeerBook, peer: str, card: RosterCard, now: float) -> PeerStatus:
+    at_round, policy_version, signed_at = roster.progress(peer)
+    return PeerStatus(
+        card.model_name, card.tokenizer_fingerprint, policy_version, at_round, round(now - signed_at, 1),
+        book.is_banned(peer), book.has_standing(peer),
+    )  # fmt: skip
 
 
 def write_status(run_dir: Path, status: SwarmStatus, failures: WriteFailures | None = None) -> None:

@@ -228,6 +228,7 @@ class Swarm:
                 tokenizer=self.policy.tokenizer_fingerprint, connected=connected, dht=dht, roster=self.roster,
                 state=self.state, book=self.book, rejections=self.verifier.rejections,
                 notices=self.service.notices.snapshot(), disk_write_failures=self.write_failures.count,
+                client_mode=self.transport.client_mode, reachability=self.transport.reachability,
             )  # fmt: skip
 
     def round_counts(self) -> records.PeerRoundCounts:

@@ -23,7 +23,7 @@ from swarmnode.swarm.exchange import puller
 from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.net import notices
-from swarmnode.swarm.wire import codec, framing, limits
+from swarmnode.swarm.wire import codec, framing, limits, protocol
 from tests.helpers.scripted_net import Sybil, received
 
 
@@ -181,7 +181,10 @@ def test_a_peer_whose_announcements_arrive_stays_live_while_its_card_ages(world)
     world.net.store.clear()  # its card gone from the DHT: still held, still live by its announcement
     assert world.service.refresh_roster() == {author.peer_id}
     stranger = Identity.generate().peer_id
-    world.roster.heard_from(stranger, time.time())
+    world.roster.heard_from(stranger, protocol.BatchAnnouncement(
+        peer_id=stranger, swarm_id=world.swarm_id, round=1, policy_version=0, payload_sha256=bytes(32),
+        payload_len=1, n_groups=1, timestamp=time.time(), seq=1,
+    ))  # fmt: skip
     assert world.service.refresh_roster() == {author.peer_id}
 
 
