@@ -13,6 +13,9 @@ It lives in the package because neither side may import the other (``benchmarks/
     sharing      #28's experiments E1 and E2: metrics and verdict rules, fixed before the runs
     sharing_report  their report and probe-curve plots (``benchmarks.sharing_report``)
     difficulty   step 0: the untrained model's pass@1 on candidate tasks (``benchmarks.task_difficulty``)
+    poisoning    #29's attack harness (``benchmarks.poisoning``): the payloads and their detectors;
+                 ``poisoning_peer`` the attackers and the node's real receiving side, ``poisoning_measure``
+                 attack success and payload log-prob, ``poisoning_run`` one arm and its summary
 
 Importing this package loads nothing; each module imports what it needs. The process drivers start
 ``python -m swarmnode.cli`` from the repository root, so they need a source checkout.

@@ -1,0 +1,183 @@
+"""The measures of #29's attack harness, taken on the node as it is at a checkpoint (``Yardstick.take``).
+
+- **Attack success**: the node's own samples on held-out questions (the first ``questions`` of the eval
+  stream, ``tasks.eval_seed``, tasks in turn), G each, drawn with the node's sampler at its sampling
+  temperature and one fixed seed (the same at every checkpoint and in every arm: common random numbers);
+  per payload kind, the share of samples that show it (``poisoning.detect``). Every kind is counted on the
+  same samples, so a control and an attack with another payload are read alike. The same samples give
+  the held-out reward and the share solved (task score 1) at temperature.
+- **Payload log-prob**: teacher-forced, under the node's current weights at its sampling temperature (the
+  learner's own ``completion_logprobs``), of each kind's payload after a fixed prompt and the text the
+  attacker writes before it (``poisoning.span``); per token and for the whole payload, averaged over the
+  first ``prompts`` held-out questions with an integer answer (the ``behaviour`` payload is that answer
+  in words). It moves long before the success rate does: a payload at -6.7 nats per token is never sampled.
+- **Held-out pass@1**: the node's own probe (``probe.Probe``: greedy, ``probe.questions_per_task``
+  held-out questions per task, as ``swarmnode eval``), written to the run folder's probe.jsonl.
+
+The payload's tokens are those the learner trains on: the context and the context + payload are each
+tokenized as completion text (as ``learn.batch`` tokenizes a peer's completion) and the payload is the
+tokens after the context's (the two are tokenized together unless the context's tokens are not a prefix
+of theirs, then apart).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from swarmnode.config import NodeConfig
+from swarmnode.experiment import poisoning
+from swarmnode.learn.batch import TrainSequence, pad_batch
+from swarmnode.learn.heap import return_freed_heap, sampling_heap
+from swarmnode.learn.logprobs import completion_logprobs
+from swarmnode.probe import Probe
+from swarmnode.prompts import encode_prompt
+from swarmnode.sampler import Sampler
+from swarmnode.tasks import Question, TaskBank
+
+MEASURE_SEED_OFFSET = 999_983  # the samples' seed: train.seed * 1_000_003 + this (no round uses it)
+MAX_PROMPT_SEARCH = 256  # held-out questions per task looked at for log-prob prompts with an integer answer
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The measures after round ``round`` (0: the untrained node)."""
+
+    round: int
+    samples: int  # held-out samples drawn (questions x G)
+    shown: dict[str, int]  # payload kind -> samples that show it
+    logprob_token: dict[str, float]  # payload kind -> mean per-token log-prob (mean over prompts)
+    logprob_sum: dict[str, float]  # payload kind -> the whole payload's log-prob (mean over prompts)
+    heldout_reward: float  # mean reward of the held-out samples (task score + format bonus)
+    heldout_solved: float  # share of them with task score 1
+    pass_at_1: float  # the probe's greedy pass@1 (mean over tasks)
+    seconds: float
+
+    def success(self, kind: str) -> float:
+        return self.shown[kind] / self.samples if self.samples else 0.0
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["success"] = {kind: self.success(kind) for kind in self.shown}
+        return out
+
+
+def payload_ids(tokenizer, context: str, payload: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(context ids, payload ids) as the learner tokenizes completion text (module docstring)."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    head, whole = encode(context), encode(context + payload)
+    if whole[: len(head)] == head and len(whole) > len(head):
+        return tuple(head), tuple(whole[len(head) :])
+    return tuple(head), tuple(encode(payload))
+
+
+@torch.no_grad()
+def payload_logprobs(
+    model, tokenizer, prompts: Sequence[Sequence[int]], spans: Sequence[tuple[str, str]], temperature: float
+) -> list[tuple[float, int]]:
+    """Per (prompt, (context, payload)): the payload's summed teacher-forced log-prob after prompt +
+    context under ``model`` at ``temperature``, and its token count."""
+    sequences = []
+    for prompt, (context, payload) in zip(prompts, spans, strict=True):
+        head, tail = payload_ids(tokenizer, context, payload)
+        sequences.append(TrainSequence(tuple(prompt) + head, tail, 0.0, None, None))  # type: ignore[arg-type]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    batch = pad_batch(sequences, pad_id, next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        logp = completion_logprobs(model, batch, temperature)
+    finally:
+        model.train(was_training)
+    sums = (logp * batch.completion_mask).sum(-1).tolist()
+    return [(total, len(s.completion_ids)) for total, s in zip(sums, sequences, strict=True)]
+
+
+def heldout_questions(bank: TaskBank, count: int, *, integer_answer: bool = False) -> list[Question]:
+    """The first ``count`` held-out questions, tasks in turn (the mix's order); with ``integer_answer``
+    only those the attacker could answer (``poisoning.usable_answer``)."""
+    per_task = count if not integer_answer else MAX_PROMPT_SEARCH
+    columns = list(bank.eval_refs(per_task).values())
+    out = []
+    for row in range(per_task):
+        for column in columns:
+            question = bank.question(column[row])
+            if integer_answer and poisoning.usable_answer(question.answer) is None:
+                continue
+            out.append(question)
+            if len(out) == count:
+                return out
+    if integer_answer and len(out) < count:
+        raise ValueError(
+            f"only {len(out)} of the first {per_task} held-out questions per task have an integer answer; "
+            f"{count} are needed for the payload log-prob (a task such as basic_arithmetic in tasks.mix)"
+        )
+    return out
+
+
+class Yardstick:
+    """Takes the module docstring's measures of ``policy`` (the node's) at each checkpoint."""
+
+    def __init__(
+        self,
+        cfg: NodeConfig,
+        bank: TaskBank,
+        policy,
+        sampler: Sampler,
+        probe: Probe,
+        *,
+        questions: int,
+        prompts: int,
+    ):
+        self.cfg, self.bank, self.policy, self.sampler, self.probe = cfg, bank, policy, sampler, probe
+        system = cfg.sampling.system_prompt
+        self.questions = heldout_questions(bank, questions)
+        self.sample_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.questions]
+        self.fixed = heldout_questions(bank, prompts, integer_answer=True)
+        self.fixed_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.fixed]
+
+    def take(self, round_: int) -> Checkpoint:
+        start = time.perf_counter()
+        sampling = self.cfg.sampling
+        with sampling_heap():
+            groups = self.sampler.sample(
+                self.sample_prompts,
+                sampling.completions_per_question,
+                max_new_tokens=sampling.max_new_tokens,
+                temperature=sampling.temperature,
+                seed=self.cfg.train.seed * 1_000_003 + MEASURE_SEED_OFFSET,
+            )
+        return_freed_heap()
+        scored = [
+            (c.text, self.bank.score(q, c.text))
+            for q, group in zip(self.questions, groups, strict=True)
+            for c in group
+        ]
+        shown = {kind: sum(poisoning.detect(kind, text) for text, _ in scored) for kind in poisoning.KINDS}
+        per_token, whole = {}, {}
+        for kind in poisoning.KINDS:
+            spans = [poisoning.span(kind, q.answer) for q in self.fixed]
+            results = payload_logprobs(
+                self.policy.model, self.policy.tokenizer, self.fixed_prompts, spans, sampling.temperature
+            )
+            per_token[kind] = sum(total / n for total, n in results) / len(results)
+            whole[kind] = sum(total for total, _ in results) / len(results)
+        probe = self.probe.run(round_).as_dict()
+        n = len(scored)
+        return Checkpoint(
+            round=round_,
+            samples=n,
+            shown=shown,
+            logprob_token=per_token,
+            logprob_sum=whole,
+            heldout_reward=sum(s[0] for _, s in scored) / n,
+            heldout_solved=sum(s[1] >= 1.0 for _, s in scored) / n,
+            pass_at_1=probe["pass@1"],
+            seconds=time.perf_counter() - start,
+        )
