@@ -135,64 +135,73 @@ def footer(parts: list[dict], plot_name: str) -> list[str]:
     ]
 
 
-def e1_report(parts: list[dict], plot_name: str) -> str:
+RULES = "swarmnode/experiment/sharing.py"  # where the margins and verdict rules are written down
+
+
+def report_body(
+    parts: list[dict], arm_names, verdict: str, comparisons: list[str], per_arm: str, metrics
+) -> list[str]:
+    """One experiment's report: what ran, the verdict, its comparisons, per-arm and per-task tables."""
     arms = sharing.by_arm(parts)
-    transfer, own = sharing.e1_comparisons(arms)
+    return [
+        *header(parts, arm_names),
+        "",
+        verdict,
+        "",
+        *comparisons,
+        "",
+        "Per arm, mean over seeds of the mean over a seed's nodes, ± the half-width of its 95% interval"
+        + per_arm
+        + ":",
+        "",
+        *arm_table(arms, arm_names, metrics),
+        "",
+        "Per task:",
+        "",
+        *task_table(arms, arm_names),
+        "",
+    ]
+
+
+def e1_report(parts: list[dict], plot_name: str) -> str:
+    transfer, own = sharing.e1_comparisons(sharing.by_arm(parts))
     verdicts = sharing.e1_verdicts(transfer, own)
     metrics = [
         (f"held-out pass@1, {ROLE_WORDS[role]}", sharing.final_pass1(role)) for role in ("unsampled", "own")
     ] + [(f"probe area, {ROLE_WORDS[role]}", sharing.area(role)) for role in ("unsampled", "own")]
-    return "\n".join([
-        *header(parts, sharing.E1_ARMS),
-        "",
-        f"**Verdict** (rules and margins fixed before the runs: `swarmnode/experiment/sharing.py`): "
-        f"**{verdicts[0]}**; **{verdicts[1]}**.",
-        "",
+    comparisons = [
         show_comparison(transfer, "held-out pass@1 on the task a node never samples (primary; no transfer "
                         f"if the 90% CI lies inside ±{sharing.E1_TRANSFER_MARGIN})"),
         show_comparison(own, "held-out pass@1 on the node's own task (secondary; non-inferior if the 95% "
                         f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
-        "",
-        "Per arm, mean over seeds of the mean over a seed's nodes, ± the half-width of its 95% interval "
-        "(a generalist samples both tasks, so it has no never-sampled task):",
-        "",
-        *arm_table(arms, sharing.E1_ARMS, metrics),
-        "",
-        "Per task:",
-        "",
-        *task_table(arms, sharing.E1_ARMS),
-        "",
-        *footer(parts, plot_name),
-    ])  # fmt: skip
+    ]  # fmt: skip
+    verdict = (
+        f"**Verdict** (rules and margins fixed before the runs: `{RULES}`): "
+        f"**{verdicts[0]}**; **{verdicts[1]}**."
+    )
+    per_arm = " (a generalist samples both tasks, so it has no never-sampled task)"
+    body = report_body(parts, sharing.E1_ARMS, verdict, comparisons, per_arm, metrics)
+    return "\n".join([*body, *footer(parts, plot_name)])
 
 
 def e2_report(parts: list[dict], plot_name: str) -> str:
-    arms = sharing.by_arm(parts)
-    share, batch, same_sampling = sharing.e2_comparisons(arms)
+    share, batch, same_sampling = sharing.e2_comparisons(sharing.by_arm(parts))
     verdicts = sharing.e2_verdicts(share, batch)
     metrics = [("probe area", sharing.area("all")), ("held-out pass@1", sharing.final_pass1("all"))]
     what = "probe area"
-    return "\n".join([
-        *header(parts, sharing.E2_ARMS),
-        "",
-        f"**Verdict** (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before the runs: "
-        f"`swarmnode/experiment/sharing.py`): " + ", ".join(f"**{v}**" for v in verdicts) + ".",
-        "",
+    comparisons = [
         show_comparison(share, what),
         show_comparison(batch, what),
         show_comparison(same_sampling, what + " (same sampling; not a verdict of its own)"),
-        "",
-        "Per arm, mean over seeds of the mean over a seed's nodes, ± the half-width of its 95% interval; "
-        "probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last):",
-        "",
-        *arm_table(arms, sharing.E2_ARMS, metrics),
-        "",
-        "Per task:",
-        "",
-        *task_table(arms, sharing.E2_ARMS),
-        "",
-        *footer(parts, plot_name),
-    ])  # fmt: skip
+    ]
+    verdict = (
+        f"**Verdict** (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before the runs: `{RULES}`): "
+        + ", ".join(f"**{v}**" for v in verdicts)
+        + "."
+    )
+    per_arm = "; probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last)"
+    body = report_body(parts, sharing.E2_ARMS, verdict, comparisons, per_arm, metrics)
+    return "\n".join([*body, *footer(parts, plot_name)])
 
 
 def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[float], list[float]]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from swarmnode.experiment.processes import read_jsonl, start_bootstrap, start_node
 from tests.helpers.browser import chromium_or_skip, load
 
@@ -23,14 +21,6 @@ def _args(family: str) -> list[str]:
         "--set", "swarm.swarm_id=it-status-page", "--set", "swarm.min_peers=1",
         "--set", "swarm.share_deadline_s=4", "--set", "swarm.wait_for_peers_s=60",
     ]  # fmt: skip
-
-
-@pytest.fixture
-def nodes():
-    started = []
-    yield started
-    for node in started:
-        node.stop()
 
 
 def _until(what: str, check, timeout_s: float = WAIT_S):

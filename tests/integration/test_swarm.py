@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from swarmnode.experiment.processes import start_node
 
 DEADLINE_S = 8.0
@@ -22,14 +20,6 @@ def _args(family: str, swarm_id: str) -> list[str]:
         "--set", "swarm.wait_for_peers_s=90",
         "--set", "swarm.peer_groups_per_round=4",
     ]  # fmt: skip
-
-
-@pytest.fixture
-def nodes():
-    started = []
-    yield started
-    for node in started:
-        node.stop()
 
 
 def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes):

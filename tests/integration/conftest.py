@@ -1,0 +1,14 @@
+"""Fixtures the integration tests share."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def nodes():
+    """The node processes a test starts (append each ``NodeProc``); each is stopped by its PID at the end."""
+    started = []
+    yield started
+    for node in started:
+        node.stop()
