@@ -2,21 +2,27 @@
 
 Options only pass overrides to the config (``--set section.field=value``, ``--rounds``, ``--run-dir``);
 defaults live in config.py alone. Heavy imports (torch, transformers, hivemind) happen inside the
-commands so ``--help`` and config errors answer at once. User-fixable errors are printed as one line
-and exit with status 2; nothing else is caught here.
+commands so ``--help`` and config errors answer at once, and a start checks its ports and addresses
+(preflight.py) before it imports the node. Libraries' warnings and loading bars are hidden unless
+``-v``. User-fixable errors are printed as one line and exit with status 2; nothing else is caught here.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from swarmnode.common import VERBOSE_ENV, quiet_libraries
 from swarmnode.config import NodeConfig, load_config, parse_override
 from swarmnode.errors import ConfigError, UserError
+from swarmnode.preflight import check_start
 from swarmnode.run_folder import CONFIG_FILE, config_for_run
 
 app = typer.Typer(
@@ -54,6 +60,32 @@ AnnounceOpt = Annotated[
         "listens on PORT on all interfaces (swarm.announce_maddrs, swarm.host_maddrs).",
     ),
 ]
+
+
+def _command(name: str | None = None, group: typer.Typer = app) -> Callable:
+    """Register a command listed in ``swarmnode --help`` by the whole first paragraph of its docstring:
+    click would cut it at the width left beside the name and end it with '...'."""
+
+    def register(fn: Callable) -> Callable:
+        summary = " ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0].split())
+        return group.command(name, short_help=summary)(fn)
+
+    return register
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help=f"Show the libraries' warnings and loading bars (also {VERBOSE_ENV}=1); hidden by default.",
+        ),
+    ] = False,
+) -> None:
+    if not (verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")):
+        quiet_libraries()
 
 
 @contextmanager
@@ -127,7 +159,7 @@ def _existing_run_folder(cfg: NodeConfig) -> Path:
     raise ConfigError(f"run.run_dir: {folder} does not exist ({hint}); give --run-dir of a node that has run")
 
 
-@app.command()
+@_command()
 def solo(
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -139,12 +171,13 @@ def solo(
     with _boundary():
         fields = {"run.rounds": rounds, "run.run_dir": run_dir and str(run_dir)}
         cfg = _run_config(config, set_, restart=True, reconfigure=reconfigure, **fields)
+        check_start(cfg, swarm=False)
         from swarmnode.node import run_solo
 
         run_solo(cfg)
 
 
-@app.command()
+@_command()
 def join(
     peers: Annotated[
         list[str] | None, typer.Option("--peers", help="Multiaddr of a swarm member (repeatable).")
@@ -170,12 +203,13 @@ def join(
                 f"{config}: swarm.initial_peers is empty, and alone this node would start a swarm of its "
                 "own. Pass --peers MULTIADDR of a bootstrap node or a member (docs/operators.md)."
             )
+        check_start(cfg, swarm=True)
         from swarmnode.join import run_join
 
         run_join(cfg, config_path=config)
 
 
-@app.command()
+@_command()
 def bootstrap(
     port: Annotated[
         int | None, typer.Option("--port", help="TCP port on all interfaces (bootstrap.host_maddrs).")
@@ -202,7 +236,7 @@ def bootstrap(
         raise typer.Exit(run_bootstrap(cfg))  # 130 after Ctrl-C, 0 after SIGTERM
 
 
-@app.command()
+@_command()
 def status(
     run_dir: RunDirOpt = None,
     config: ConfigOpt = None,
@@ -240,7 +274,7 @@ def status(
             time.sleep(2.0)
 
 
-@app.command()
+@_command()
 def keygen(
     out: Annotated[Path, typer.Option("--out", "-o", help="Key file to write.")] = Path("identity.key"),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing key file.")] = False,
@@ -269,7 +303,7 @@ def keygen(
         typer.echo(identity.peer_id)
 
 
-@app.command("eval")
+@_command("eval")
 def evaluate(
     config: ConfigOpt = None,
     set_: SetOpt = None,
@@ -291,7 +325,7 @@ def evaluate(
         typer.echo(format_report(report))
 
 
-@app.command()
+@_command()
 def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="New folder for the Hugging Face model.")],
     run_dir: RunDirOpt = None,
@@ -315,7 +349,7 @@ config_app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
 
-@config_app.command("show")
+@_command("show", config_app)
 def config_show(config: ConfigOpt = None, set_: SetOpt = None, run_dir: RunDirOpt = None):
     """Print the effective config as YAML: defaults < the run folder's saved config < --config < --set."""
     with _boundary():

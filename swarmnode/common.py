@@ -1,4 +1,5 @@
-"""Small helpers every layer uses: the console line, a bounded memory, and durable file writes.
+"""Small helpers every layer uses: the console line (and quiet libraries), a bounded memory, and durable
+file writes.
 
 Pure standard library (and tqdm): importing this module loads no torch, hivemind or reasoning-gym.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -20,6 +22,28 @@ K = TypeVar("K", bound=Hashable)
 def log(message: str) -> None:
     """One console line on stderr, printed above the round progress bar when one is drawn."""
     tqdm.write(message, file=sys.stderr)
+
+
+VERBOSE_ENV = "SWARMNODE_VERBOSE"  # =1: the libraries' warnings and bars, as ``swarmnode -v`` shows them
+# Libraries' own progress bars and advice, read by huggingface_hub and transformers when they are imported
+QUIET_LIBRARY_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+# Warnings a user can act on: swarmnode's own renamed config keys (config.py), raised as FutureWarning
+OWN_WARNINGS = r"swarm\.\w+ is deprecated"
+
+
+def quiet_libraries() -> None:
+    """Keep a normal run's output to swarmnode's own lines: no deprecation warnings from libraries (the
+    user cannot fix them, and under systemd they fill the journal) and no Hugging Face loading bars.
+    Must run before transformers is imported; an environment variable the user set wins."""
+    for key, value in QUIET_LIBRARY_ENV.items():
+        os.environ.setdefault(key, value)
+    for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category)
+    warnings.filterwarnings("default", message=OWN_WARNINGS, category=FutureWarning)
 
 
 class BoundedSet(Generic[K]):

@@ -152,10 +152,14 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
         known = KnownPeersWriter(node.run_dir, next(iter(tcp_ports(addrs)), None))
         log(f"swarm {cfg.swarm.swarm_id}: peer id {node.peer_id}")
         log(f"reachability: {swarm.transport.reachability_note}")
-        log("others can join through this node with:")
-        for addr in addrs:
-            if "/p2p-circuit" not in addr:  # a relayed address is refused as an initial peer
-                log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
+        if swarm.transport.client_mode:  # peers cannot dial it (NAT, firewall): its own addresses fail
+            log("peers cannot dial this node; others join through the peers it joined through:")
+            hints = list(cfg.swarm.initial_peers)
+        else:
+            log("others can join through this node with:")
+            hints = [addr for addr in addrs if "/p2p-circuit" not in addr]  # relayed: refused as a peer
+        for addr in hints:
+            log(f"  {join_command(addr, cfg.swarm.swarm_id, config_path)}")
         swarm.wait_for_peers()
         known.update(roster())
 
@@ -165,6 +169,9 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
             return chosen
 
         node.run(exchange=exchange, peer_counts=swarm.round_counts)
+    except KeyboardInterrupt:  # Ctrl-C before the rounds (waiting for peers) is a stop on purpose too
+        node.stopped_cleanly = True
+        raise
     finally:
         if known is not None:
             known.update(roster())

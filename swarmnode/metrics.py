@@ -4,7 +4,8 @@ Each node has its own registry (several nodes can share a test process). Metrics
 time from the node's latest round record, its swarm status and its checkpoint time, through one custom
 collector, so the round loop only hands over what it already computes. Names carry the ``swarmnode_``
 prefix and unit suffixes. The server binds to 127.0.0.1 unless configured otherwise, and the node
-writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``) with its address.
+writes a Prometheus file-discovery target (``<run_dir>/prometheus_target.json``) with its address, emptied
+when the node stops cleanly (``retire_target``).
 
 ``/health`` answers ``{"status": "ok"}`` (HTTP 200) or ``{"status": "degraded", "reasons": [...]}`` (HTTP
 503) when a check fails: no round for much longer than the last one took, the DHT process gone, no
@@ -421,13 +422,7 @@ class MetricsServer:
                 host, port, self._app, server_class=_ThreadedServer, handler_class=_QuietHandler
             )
         except OSError as exc:
-            what = (
-                "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be opened ({exc.strerror})"
-            )
-            raise ConfigError(
-                f"metrics port {port} on {host} {what}: set run.metrics_port (bootstrap.metrics_port for a "
-                "bootstrap) to a free port, 0 for any free port, or null to turn metrics off"
-            ) from None
+            raise _port_error(exc, host, port) from None
         self.host, self.port = host, self._server.server_port
         threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True).start()
 
@@ -464,6 +459,36 @@ class MetricsServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _port_error(exc: OSError, host: str, port: int) -> ConfigError:
+    what = "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be opened ({exc.strerror})"
+    return ConfigError(
+        f"metrics port {port} on {host} {what}: set run.metrics_port (bootstrap.metrics_port for a "
+        "bootstrap) to a free port, 0 for any free port, or null to turn metrics off"
+    )
+
+
+def check_metrics_port(host: str, port: int) -> None:
+    """Bind the metrics port briefly, as the server will (SO_REUSEADDR), so that a taken port is named
+    before anything slow starts (preflight.py); the ConfigError the server would raise."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise _port_error(exc, host, port) from None
+
+
+def retire_target(run_dir: Path) -> None:
+    """Empty the node's target file (``[]``) after a clean stop, so that Prometheus drops the target and
+    ``SwarmnodeDown`` does not fire for a node stopped on purpose; a crash leaves the file, and the alert.
+
+    Emptied rather than removed: the file is usually linked into Prometheus's targets folder, and file_sd
+    keeps the last targets it read from a file it cannot read (a dangling link), so removing it would
+    alert forever. A restart writes the target again."""
+    atomic_write(Path(run_dir) / TARGET_FILE, "[]\n")
 
 
 def node_info(peer_id: str, model: str, backend: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from swarmnode.identity import load_or_create
 from swarmnode.learn.heap import return_large_blocks_on_free
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
-from swarmnode.metrics import MetricsServer, NodeCollector, node_info
+from swarmnode.metrics import TARGET_FILE, MetricsServer, NodeCollector, node_info, retire_target
 from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
 from swarmnode.probe import PROBE_FILE, Probe
 from swarmnode.rounds import Exchange, RoundContext, run_round
@@ -74,6 +74,7 @@ class Node:
         fresh = not self.run_dir.exists() or not any(self.run_dir.iterdir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self.metrics_server = self.tensorboard = None
+        self.stopped_cleanly = False  # set by run(): its rounds done, or stopped by a signal (close retires)
         self._created_identity: Path | None = None
         try:
             self._set_up()
@@ -160,10 +161,15 @@ class Node:
             log(f"status page at {url}/ (metrics: {url}/metrics, health: {url}/health)")
 
     def close(self) -> None:
-        """Stop the metrics server and release the run folder (the process exiting does the same)."""
+        """Stop the metrics server and release the run folder (the process exiting does the same). After a
+        clean stop the Prometheus target is retired (metrics.retire_target); after a crash it stays, so
+        the node's down alert fires."""
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.metrics_server is not None:
+            if self.stopped_cleanly:
+                with self.runlog.write_failures.guard(self.run_dir / TARGET_FILE):
+                    retire_target(self.run_dir)
             self.metrics_server.close()
         if self._lock is not None:
             self._lock.close()
@@ -324,9 +330,11 @@ class Node:
                     stop.release()
                     if self.probe.due(round_, target):  # after the checkpoint: a stop here loses no round
                         self._probe(round_)
+            self.stopped_cleanly = True
         except Stopped as stopped:
             if self.completed_rounds > self._saved_round:
                 self._checkpoint(final=True)
+            self.stopped_cleanly = True
             log(f"stopped ({stopped}) after round {self.completed_rounds}; restart with the same command")
             raise
         finally:
@@ -339,12 +347,12 @@ class Node:
         self.probe.run(round_)
 
     def _progress(self, what: str) -> None:
-        """What the current round is doing: on the progress bar, or (no terminal) as log lines during the
-        first round of this process, so a log shows life long before the first round line."""
+        """What the current round is doing: on the progress bar, or (no terminal: systemd, nohup) as one
+        log line per phase of every round, so a log shows life long before each round's line."""
         round_ = self.completed_rounds + 1
         if not self._bar.disable:
             self._bar.set_description_str(f"round {round_}: {what}")
-        elif self.metrics.rounds == 0:
+        else:
             log(f"round {round_}: {what}")
 
 

@@ -4,8 +4,9 @@
 Precedence for a folder that holds a run: defaults < the saved ``config.yaml`` < ``--config`` YAML <
 ``--set``. A forgotten ``--set`` on a restart is therefore harmless; a restart that asks for a different
 value than the run was started with is a conflict, named field by field, unless ``--reconfigure`` is
-given. Some fields may differ on every start (how long to run, where to listen, whom to dial); the model
-never may, because the checkpoints hold its weights.
+given. Some fields may differ on every start (how long to run, where to listen, whom to dial, which swarm
+to train with); the model never may, because the checkpoints hold its weights. A folder whose start never
+completed a round (it failed or was stopped before one) holds no run yet: a corrected retry starts afresh.
 
 A swarm node's folder also remembers where it was in the network (``known_peers.json``: its listen port
 and up to ``MAX_KNOWN_PEERS`` peers' addresses), so that a restart with the same command finds its swarm
@@ -24,6 +25,7 @@ import yaml
 from swarmnode.common import atomic_write, log
 from swarmnode.config import NodeConfig, load_config
 from swarmnode.errors import ConfigError
+from swarmnode.runlog import RunLog
 
 CONFIG_FILE = "config.yaml"
 # Dotted prefixes a start may change freely: the run's length and place, and the network's addresses.
@@ -35,6 +37,7 @@ FREE_ON_RESTART = (
     "run.metrics_port",
     "run.cpu_threads",
     "run.tensorboard",
+    "swarm.swarm_id",  # the wrong-swarm hint's "--set swarm.swarm_id=X" must work as printed
     "swarm.initial_peers",
     "swarm.host_maddrs",
     "swarm.announce_maddrs",
@@ -58,6 +61,12 @@ def save_config(cfg: NodeConfig, run_dir: Path) -> Path:
     header = "# The effective config of this run, written by swarmnode at start; restarts read it.\n"
     atomic_write(path, header + yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return path
+
+
+def holds_rounds(run_dir: Path) -> bool:
+    """Whether a start in this folder completed a round (the round log or a checkpoint says so)."""
+    checkpoints = Path(run_dir) / "checkpoints"
+    return bool(RunLog(Path(run_dir)).records()) or (checkpoints.is_dir() and any(checkpoints.iterdir()))
 
 
 def _leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -94,11 +103,12 @@ def config_for_run(
     Raises ConfigError naming each field that conflicts with the saved config: for a ``restart`` (the run
     goes on training) any field that may not change freely unless ``reconfigure``; for commands that
     only read the run (eval, export, config show) the model alone, whose weights the checkpoints hold.
+    A restart of a folder that holds no round yet (``holds_rounds``) is a first start.
     """
     cfg = load_config(path, overrides)  # which run folder, and the user's input checked on its own
     saved = saved_config(cfg.run.run_dir)
-    if saved is None:
-        return cfg
+    if saved is None or (restart and not holds_rounds(cfg.run.run_dir)):
+        return cfg  # nothing trained under the saved config: this start's own config is the run's
     merged = load_config(path, overrides, base=saved)
     previous = load_config(base=saved)
     conflicts = differing_fields(previous, merged)

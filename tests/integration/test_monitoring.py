@@ -9,7 +9,6 @@ the tests that need it are skipped without it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ import yaml
 
 from swarmnode.config import load_config
 from swarmnode.experiment.processes import start_node
+from tests.helpers.prometheus import SCRAPE_S, Prometheus
 from tests.helpers.swarm_procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,6 @@ needs_prometheus = pytest.mark.skipif(
     reason="prometheus/promtool not installed (Debian package `prometheus`)",
 )
 
-SCRAPE_S = 1  # the test's scrape interval (monitoring/prometheus.yml uses 5 s)
 # Grafana's built-in interval variables, replaced by a window that holds several test scrapes.
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h"}
 
@@ -317,69 +316,6 @@ def test_native_prometheus_logs_no_error_for_the_shipped_config(tmp_path):
 
 
 # ---------------------------------------------------------------- a real Prometheus scraping real nodes
-
-
-class Prometheus:
-    def __init__(self, work: Path, target_files: list[Path]):
-        targets = work / "targets"
-        targets.mkdir(parents=True)
-        for i, path in enumerate(target_files):  # the documented way: link each node's file into targets/
-            (targets / f"node{i}.json").symlink_to(path)
-        config = yaml.safe_load(PROMETHEUS_YML.read_text())
-        config["global"].update(
-            scrape_interval=f"{SCRAPE_S}s", scrape_timeout=f"{SCRAPE_S}s", evaluation_interval=f"{SCRAPE_S}s"
-        )
-        config["rule_files"] = [str(ALERTS_YML)]
-        [job] = config["scrape_configs"]
-        job["file_sd_configs"] = [{"files": [str(targets / "*.json")], "refresh_interval": "1s"}]
-        self.config_path = work / "prometheus.yml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.port = free_port()
-        self.log_path = work / "prometheus.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [
-                    "prometheus",
-                    f"--config.file={self.config_path}",
-                    f"--storage.tsdb.path={work / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text()[-3000:]
-
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "prometheus exited:\n" + self.log()
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            time.sleep(0.3)
-        raise AssertionError(f"prometheus not ready within {timeout_s}s:\n" + self.log())
-
-    def query(self, expr: str) -> dict:
-        url = self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:  # 400 for a parse error, with a JSON body
-            return json.loads(e.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
 
 
 def _wait_for_file(path: Path, proc, timeout_s: float) -> None:

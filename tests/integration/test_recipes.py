@@ -152,6 +152,9 @@ def test_nat_recipe(tmp_path):
             reachability = [line for line in (folder / f"{name}.log").read_text().splitlines()
                             if "reachability:" in line]  # fmt: skip
             assert reachability and "client mode" in reachability[0], _logs(folder)
+            # its join hint names the relay it joined through, not its own undialable addresses
+            hints = [line for line in (folder / f"{name}.log").read_text().splitlines() if "--peers" in line]
+            assert hints and all("/ip4/11.79.0.1/" in h and "/ip4/127.0.0.1/" not in h for h in hints), hints
             producers = {line["producer"] for line in read_jsonl(folder / name / "peer_groups.jsonl")}
             assert producers == {ids[other]}, (producers, _logs(folder))
         assert re.search(r"counter packets [1-9]", swarm.stdout), swarm.stdout  # the NAT refused someone

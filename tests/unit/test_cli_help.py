@@ -36,3 +36,12 @@ def test_status_help_shows_flags_without_a_value():
 @pytest.mark.parametrize("command", ["solo", "join", "bootstrap", "keygen", "eval"])
 def test_no_command_shows_a_value_for_a_flag(command):
     assert "<bool>" not in _help(command)
+
+
+def test_top_level_help_lists_each_command_in_full():
+    """click cuts a command's summary to the width left beside its name and adds '...'; the listing is
+    the whole first paragraph of each command's docstring instead."""
+    listing = " ".join(_help().split("Commands:")[1].split())
+    assert "..." not in listing, listing
+    assert "Run a node in silo mode: the full RL loop, no network (default: the embedded SmolLM2)." in listing
+    assert "mint its proof of work (kept beside it as KEY.work) and print its peer id." in listing

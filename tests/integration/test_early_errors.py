@@ -1,0 +1,74 @@
+"""Start-up mistakes end in one line within EARLY_S of the start, before the model loads and before the
+run folder is made: a taken p2p or metrics port, an initial peer's address that does not parse or that
+another peer answers."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from swarmnode.experiment.processes import start_bootstrap
+from tests.helpers.cli import TINY, swarmnode
+
+EARLY_S = 5.0
+PEER_ID = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
+
+
+@contextmanager
+def _taken_port() -> Iterator[int]:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        yield taken.getsockname()[1]
+
+
+def _fails_early(tmp_path: Path, *args: str) -> str:
+    """Run a start that must fail; its one error line (exit 2, no traceback, no model, no run folder)."""
+    run_dir = tmp_path / "run"
+    start = time.monotonic()
+    proc = swarmnode(*args, "--config", str(TINY), "--run-dir", str(run_dir), cwd=tmp_path)
+    took = time.monotonic() - start
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert took < EARLY_S, f"{took:.1f}s: {lines[0]}"
+    assert not run_dir.exists()
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["solo", "join"])
+def test_a_taken_metrics_port(tmp_path: Path, command: str) -> None:
+    with _taken_port() as port:
+        line = _fails_early(tmp_path, command, "--set", f"run.metrics_port={port}")
+    assert "run.metrics_port" in line and str(port) in line
+
+
+def test_a_taken_p2p_port(tmp_path: Path) -> None:
+    with _taken_port() as port:
+        line = _fails_early(tmp_path, "join", "--set", f'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/{port}"]')
+    assert f"TCP port {port}" in line and "swarm.host_maddrs" in line
+
+
+def test_an_initial_peer_without_a_port(tmp_path: Path) -> None:
+    addr = f"/ip4/127.0.0.1/tcp//p2p/{PEER_ID}"
+    line = _fails_early(tmp_path, "join", "--peers", addr)
+    assert addr in line and "swarm.initial_peers" in line
+
+
+def test_an_initial_peer_that_answers_as_another_peer(tmp_path: Path) -> None:
+    """The address is right but its /p2p/ id is not who answers there (a node that changed identity, or
+    an id pasted from another node): the line names the peer id that did answer."""
+    bootstrap = start_bootstrap(
+        tmp_path / "bootstrap", "--set", 'bootstrap.host_maddrs=["/ip4/127.0.0.1/tcp/0"]'
+    )
+    try:
+        addr = bootstrap.address()
+        real = addr.rsplit("/p2p/", 1)[1]
+        line = _fails_early(tmp_path, "join", "--peers", addr.replace(real, PEER_ID))
+    finally:
+        bootstrap.stop()
+    assert PEER_ID in line and real in line and "swarm.initial_peers" in line
