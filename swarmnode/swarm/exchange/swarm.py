@@ -104,6 +104,7 @@ class Swarm:
         self._round_counts = records.RoundCounts()
         self.addrs: list[str] = []
         self._last_seq = 0
+        self._status_at = (0, 0)  # the round and policy version status.json last named
         self.write_failures = WriteFailures()  # status / peer_groups writes that failed (full disk)
 
     def start(self, round_: int = 0, policy_version: int = 0) -> list[str]:
@@ -222,24 +223,37 @@ class Swarm:
         asked before the exchange's lock is taken: the service thread pools under it."""
         connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
         with self.state.lock:
-            return SwarmStatus.take(
-                peer_id=self.identity.peer_id, swarm_id=self.swarm_id, addrs=self.addrs, round=round_,
-                policy_version=policy_version, model=self.policy.name,
-                tokenizer=self.policy.tokenizer_fingerprint, connected=connected, dht=dht, roster=self.roster,
-                state=self.state, book=self.book, rejections=self.verifier.rejections,
-                notices=self.service.notices.snapshot(), disk_write_failures=self.write_failures.count,
-                client_mode=self.transport.client_mode, reachability=self.transport.reachability,
-            )  # fmt: skip
+            return self._snapshot(round_, policy_version, connected, dht)
+
+    def _snapshot(self, round_: int, policy_version: int, connected: int, dht: DHTHealth) -> SwarmStatus:
+        """``status`` with the daemon's answers given; the caller holds the state lock."""
+        return SwarmStatus.take(
+            peer_id=self.identity.peer_id, swarm_id=self.swarm_id, addrs=self.addrs, round=round_,
+            policy_version=policy_version, model=self.policy.name,
+            tokenizer=self.policy.tokenizer_fingerprint, connected=connected, dht=dht, roster=self.roster,
+            state=self.state, book=self.book, rejections=self.verifier.rejections,
+            notices=self.service.notices.snapshot(), disk_write_failures=self.write_failures.count,
+            client_mode=self.transport.client_mode, reachability=self.transport.reachability,
+        )  # fmt: skip
 
     def round_counts(self) -> records.PeerRoundCounts:
-        """Peer traffic since the last call, for the round's metrics record."""
+        """Peer traffic since the last call, for the round's metrics record. status.json is rewritten
+        from the same moment, under the same lock, so its totals are always the sum of the records' (the
+        exchange's write comes before the round's training, while batches still arrive)."""
+        connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
         with self.state.lock:
             traffic = records.traffic_totals(self.transport.payloads.stats, self.service.notices.snapshot())
-            return self._round_counts.take(self.state.counters, self.verifier.rejections, traffic)
+            counts = self._round_counts.take(self.state.counters, self.verifier.rejections, traffic)
+            status = self._snapshot(*self._status_at, connected, dht)
+        self._publish(status)
+        return counts
 
     def write_status(self, round_: int, policy_version: int) -> None:
         """``<run_dir>/status.json`` (``exchange.status.write_status``), also handed to ``on_status``."""
-        status = self.status(round_, policy_version)
+        self._status_at = (round_, policy_version)
+        self._publish(self.status(round_, policy_version))
+
+    def _publish(self, status: SwarmStatus) -> None:
         write_status(self.run_dir, status, self.write_failures)
         if self.on_status is not None:
             self.on_status(status)
