@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from swarmnode.config import SwarmConfig
-from swarmnode.swarm.exchange import pool, puller, roster, service, standing
+from swarmnode.swarm.exchange import fanout, pool, puller, roster, service, standing
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.wire import dht_rules
 
@@ -62,7 +62,7 @@ class Protocol:
         and nobody forwards, at most ``PULLS_PER_PEER_GROUP`` x J pulls a round. (The code keeps authors
         without standing outside K, in their probation share; the model gives them a share of K.)"""
         return cls(
-            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=roster.NOTICE_FANOUT, hops=1,
+            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, hops=1,
             k_factor=puller.PULLS_PER_PEER_GROUP,
         )  # fmt: skip
 

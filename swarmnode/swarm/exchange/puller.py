@@ -51,6 +51,7 @@ from swarmnode.errors import PeerError
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.round_budget import RoundBudget
 from swarmnode.swarm.exchange.standing import PENDING_PER_AUTHOR, PROBATION_PENDING, PROBATION_PULLS
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
@@ -153,9 +154,7 @@ class Puller:
         self._per_author: Counter[str] = Counter()  # pending batches per author
         # candidates not taken: "author_full", "probation_full", "full", "round_budget"
         self.dropped: Counter[str] = Counter()
-        self.pulls_per_round = pulls_per_round
-        self._budget_round = -1  # the round ``_round_pulls`` counts for
-        self._round_pulls = 0  # batches of authors with standing whose first pull started this round
+        self.budget = RoundBudget(pulls_per_round, state)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
         self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
         self.backoff: OrderedDict[str, tuple[float, int]] = OrderedDict()  # holder -> until, failures
@@ -192,7 +191,7 @@ class Puller:
         if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
             self.verifier.count_repeat(announcement, author)
             return
-        if self.book.has_standing(author) and self._budget_spent():  # dropped for good, not deferred
+        if self.book.has_standing(author) and self.budget.spent(announcement.timestamp):  # for good
             self._pulled.add(key)
             self.dropped["round_budget"] += 1
             return
@@ -240,7 +239,7 @@ class Puller:
                 self._give_up(key, settle=False)
                 continue
             first_pull = not pending.attempts
-            if standing and first_pull and self._budget_spent():  # dropped for good, not deferred
+            if standing and first_pull and self.budget.spent(pending.announcement.timestamp):  # for good
                 self._give_up(key, settle=False)
                 self.dropped["round_budget"] += 1
                 continue
@@ -256,29 +255,21 @@ class Puller:
                 continue
             pending.pulling = True
             pending.attempts[holder] += 1
-            self._round_pulls += standing and first_pull
+            if standing and first_pull:
+                self.budget.charge()
             self._in_flight[standing] += 1
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()
 
-    def _budget_spent(self) -> bool:
-        """Whether this round's K batches of authors with standing have all been started (a new round of
-        this node's starts a new budget)."""
-        with self.state.lock:
-            round_ = self.state.round
-        if round_ != self._budget_round:
-            self._budget_round, self._round_pulls = round_, 0
-        return self._round_pulls >= self.pulls_per_round
-
     def _tell_if_done(self) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
-        if not self._budget_spent() or self._in_flight[True]:
+        if not self.budget.round_spent() or self._in_flight[True]:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
             return  # a batch of this round's budget is still between tries
         with self.state.lock:
-            if self.state.pulls_done_round < self._budget_round:
-                self.state.pulls_done_round = self._budget_round
+            if self.state.pulls_done_round < self.budget.round:
+                self.state.pulls_done_round = self.budget.round
                 self.state.changed.notify_all()
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:

@@ -28,13 +28,14 @@ status and waits, the service thread admits.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections import Counter, OrderedDict
 
 from swarmnode.common import BoundedSet, log
+from swarmnode.swarm.exchange import fanout
 from swarmnode.swarm.exchange.compat import card_fingerprint
+from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.standing import PROBATION_CARDS
 from swarmnode.swarm.wire import codec, dht_rules, limits, work
@@ -43,7 +44,6 @@ from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
 # roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
 MAX_ROSTER_PEERS = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
-NOTICE_FANOUT = 8  # peers a new batch's notice is pushed to (#27); the others find it at their DHT poll
 PROBATION_RETRY_S = 600.0  # a peer whose first chance failed comes last this long ...
 MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
 
@@ -229,13 +229,12 @@ class Roster:
             return [peer for peer in self.cards if not self.book.is_banned(peer)]
 
     def notice_targets(self, count: int = NOTICE_FANOUT) -> list[str]:
-        """Whom a new batch's notice goes to: ``count`` members, peers with standing first (they pull
-        what we publish within their budget), each share in a new random order every time, so the pushes
-        spread over the swarm from round to round whatever its size."""
+        """Whom a new batch's notice goes to: ``count`` members on the ring of peers with standing
+        (exchange/fanout.py), peers without standing only while the ring is short of them."""
         members = self.members()
-        random.shuffle(members)
-        members.sort(key=lambda peer: not self.book.has_standing(peer))  # stable: random within a share
-        return members[:count]
+        standing = [peer for peer in members if self.book.has_standing(peer)]
+        others = [peer for peer in members if not self.book.has_standing(peer)]
+        return fanout.notice_targets(self.own_peer_id, standing, others, count)
 
     def _signed_last(self, peer: str) -> float:
         return self.progress(peer)[2]

@@ -11,6 +11,7 @@ roster is read. The ``Roster`` takes the same lock.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,12 +29,21 @@ class ExchangeState:
     # arrive (the pull failed for good, e.g. the peer left right after publishing)
     settled: set[str] = field(default_factory=set)
     round: int = 0
+    round_opened: float = (
+        0.0  # time.time() ``round`` last changed: batches announced before belong to the last
+    )
     # the last round whose pull budget was spent with its pulls ended: nothing more arrives for it
     pulls_done_round: int = -1
     pulls_by_source: Counter[str] = field(default_factory=Counter)  # "notice" / "poll" / "holder"
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
+
+    def open_round(self, round_: int) -> None:
+        """From now on arriving batches count for our round ``round_`` (the pool's tier, the pull budget)."""
+        with self.lock:
+            if round_ != self.round:
+                self.round, self.round_opened = round_, time.time()
 
     def settle(self, peer: str) -> None:
         """``peer`` is not waited for any more this exchange; wakes the round thread."""

@@ -115,7 +115,7 @@ class Swarm:
         # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
         self.transport.payloads.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
         self.announcer.start(self.addrs, round_, policy_version)
-        self.state.round = round_
+        self.state.open_round(round_)
         self.service.start()
         return self.addrs
 
@@ -188,7 +188,7 @@ class Swarm:
         self.announcer.set_progress(round_, policy_version)
         state = self.state
         with state.lock:
-            state.round = round_
+            state.open_round(round_)
         self.publish(round_, policy_version, local, deadline)
         with state.lock:
             # The peers to wait for are read once (the service's last roster read): one joining
@@ -208,7 +208,7 @@ class Swarm:
             delivered = len(live & state.settled)
             self.roster.missed(live - state.settled)
             state.settled.clear()
-            state.round = round_ + 1  # batches arriving from now on are fresh for our next round
+            state.open_round(round_ + 1)  # batches arriving from now on are fresh for our next round
             chosen = state.pool.select(wanted)
             state.counters.groups_trained += len(chosen)
         state.trace(

@@ -40,7 +40,7 @@ def test_pull_timeout_is_proportional_to_the_announced_size_within_the_cap():
 
 def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(world):
     n = puller.MAX_PARALLEL_PULLS + 4
-    world.service.puller.pulls_per_round = n  # the round's budget is not what this test is about
+    world.service.puller.budget.k = n  # the round's budget is not what this test is about
     world.net.serve_delay_s = 0.4
     authors = world.authors(n, standing=True)
     sizes = {}

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from swarmnode.experiment.waiting import wait_until
-from swarmnode.swarm.exchange import puller
-from swarmnode.swarm.exchange.roster import NOTICE_FANOUT
+from swarmnode.swarm.exchange import fanout, puller
+from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
 from swarmnode.swarm.wire import codec
 from tests.helpers.scripted_net import received
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
@@ -27,7 +27,7 @@ def pulled_authors(world) -> list[str]:
 
 def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_rest(world):
     budget = puller.pull_budget(WORLD_PEER_GROUPS)
-    assert world.service.puller.pulls_per_round == budget == 2 * WORLD_PEER_GROUPS
+    assert world.service.puller.budget.k == budget == 2 * WORLD_PEER_GROUPS
     authors = world.authors(SWARM_OVER_BUDGET * budget, standing=True)
     for author in authors:
         author.publish()
@@ -39,8 +39,7 @@ def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_
     assert not world.service.puller.pending
 
     # the next round has a budget of its own, for new batches; the dropped ones are never pulled
-    with world.state.lock:
-        world.state.round = 1
+    world.state.open_round(1)
     fresh = set()
     for author in authors:
         record, _ = author.publish()
@@ -52,7 +51,7 @@ def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_
 
 
 def test_within_the_budget_the_freshest_batches_are_pulled(world):
-    world.service.puller.pulls_per_round = 2
+    world.service.puller.budget.k = 2
     authors = world.authors(6, standing=True)
     for author in authors:  # oldest first, a clock tick apart
         author.publish()
@@ -63,7 +62,7 @@ def test_within_the_budget_the_freshest_batches_are_pulled(world):
 
 
 def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
-    world.service.puller.pulls_per_round = 2
+    world.service.puller.budget.k = 2
     world.net.serve_delay_s = 0.5
     for author in world.authors(4, standing=True):
         author.publish()
@@ -77,7 +76,7 @@ def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
 def test_authors_without_standing_are_not_charged_to_the_budget(world):
     """Newcomers keep their own probation share (exchange/standing.py), so a spent budget never locks
     them out, and they never eat the budget of the peers a node trains on."""
-    world.service.puller.pulls_per_round = 1
+    world.service.puller.budget.k = 1
     authors = world.authors(4)  # none has standing yet
     for author in authors:
         author.publish()
@@ -98,3 +97,49 @@ def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
     assert all(set(targets[: len(standing)]) == standing for targets in draws)
     assert len({frozenset(targets) for targets in draws}) > 1  # the others change from round to round
     assert set(world.roster.notice_targets(len(authors) + 5)) == {a.peer_id for a in authors}
+
+
+def test_on_the_ring_every_node_receives_exactly_the_fanout_and_the_senders_rotate():
+    """Random targets gave some nodes 4 notices a round and the rest of their budget to late poll finds;
+    on the ring each of N nodes receives exactly NOTICE_FANOUT, whatever N, from senders that change with
+    the rotation."""
+    for n in (NOTICE_FANOUT + 1, 16, 33, 100):
+        swarm = [f"peer-{i:03d}" for i in range(n)]
+        received = {epoch: {peer: [] for peer in swarm} for epoch in range(3)}
+        for epoch in received:
+            for me in swarm:
+                others = [p for p in swarm if p != me]
+                targets = fanout.notice_targets(me, others, [], now=epoch * NOTICE_ROTATION_S + 1)
+                assert len(set(targets)) == NOTICE_FANOUT and me not in targets
+                for peer in targets:
+                    received[epoch][peer].append(me)
+            assert {len(senders) for senders in received[epoch].values()} == {NOTICE_FANOUT}
+        if n > NOTICE_FANOUT + 1:
+            assert received[0][swarm[0]] != received[1][swarm[0]]  # the publishers a node hears rotate
+    small = fanout.notice_targets("me", ["a", "b"], ["x", "y", "z"], now=0)
+    assert set(small[:2]) == {"a", "b"} and set(small[2:]) == {"x", "y", "z"}  # the ring first, then the rest
+
+
+def test_a_batch_of_the_last_wave_heard_of_late_never_takes_this_rounds_budget(world):
+    """At 16 nodes a third of the pulls were last-wave batches the DHT poll found after the round's
+    window opened; trained on a round late, they reached the nodes that used them 3-8 s after publishing.
+    Now a batch is pulled only in the window it was announced in."""
+    world.service.puller.budget.k = 3  # room for one more in round 0: the late batches still do not get it
+    first, late, fresh = world.authors(2, standing=True), world.authors(2, standing=True), world.authors(2)
+    for author in first:
+        author.publish()
+    world.service.start()
+    assert wait_until(lambda: received(world) == 2, 20)  # round 0's two pulls
+    late_records = [author.publish(announce=False)[0] for author in late]  # announced in round 0 ...
+    time.sleep(0.05)
+    world.state.open_round(1)  # ... and the round ends before anyone hears of them
+    time.sleep(0.05)
+    for author in fresh:
+        world.book.reward(author.peer_id)
+        author.publish()
+    for author, record in zip(late, late_records, strict=True):  # heard of now, by a late notice
+        assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    assert wait_until(lambda: received(world) == 4, 20), world.state.counters
+    time.sleep(3 * 0.2)  # three more polls: nothing else is pulled
+    assert pulled_authors(world)[2:] and set(pulled_authors(world)[2:]) == {a.peer_id for a in fresh}
+    assert world.service.puller.dropped["round_budget"] == 2  # the last wave's, though its window had room
