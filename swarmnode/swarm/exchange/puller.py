@@ -18,11 +18,12 @@ sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIK
 
 A round pulls at most K = ``pull_budget(J)`` batches of authors with standing (#27): a node trains on J
 peer groups a round, so pulling every batch it hears of would make its work grow with the swarm. The
-budget is counted in batches whose first pull started in this node's round (``state.round``); once it is
-spent, the batches still pending and those heard of later in the round are *dropped*, not deferred (a
-batch pulled in a later round would be stale: the first try at these bounds deferred, and batches reached
-the nodes that trained on them 4.7 s after publishing, docs/scaling.md), and ``state.pulls_done_round``
-tells the round that nothing more is coming. Within the budget the freshest batches go first.
+budget (``round_budget.RoundBudget``) counts batches whose first pull started in this node's round, and
+takes only batches announced in that round's window; once it is spent, the batches still pending and those
+heard of later are *dropped*, not deferred (a batch pulled in a later round would be stale: the first try
+at these bounds deferred, and batches reached the nodes that trained on them 4.7 s after publishing,
+docs/scaling.md), and ``state.pulls_done_round`` tells the round that nothing more is coming. Within the
+budget the freshest batches go first.
 
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the

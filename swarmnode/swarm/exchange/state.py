@@ -29,9 +29,8 @@ class ExchangeState:
     # arrive (the pull failed for good, e.g. the peer left right after publishing)
     settled: set[str] = field(default_factory=set)
     round: int = 0
-    round_opened: float = (
-        0.0  # time.time() ``round`` last changed: batches announced before belong to the last
-    )
+    # time.time() when ``round`` last changed (``open_round``): batches announced before are the last round's
+    round_opened: float = 0.0
     # the last round whose pull budget was spent with its pulls ended: nothing more arrives for it
     pulls_done_round: int = -1
     pulls_by_source: Counter[str] = field(default_factory=Counter)  # "notice" / "poll" / "holder"

@@ -187,8 +187,7 @@ class Swarm:
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
         self.announcer.set_progress(round_, policy_version)
         state = self.state
-        with state.lock:
-            state.open_round(round_)
+        state.open_round(round_)
         self.publish(round_, policy_version, local, deadline)
         with state.lock:
             # The peers to wait for are read once (the service's last roster read): one joining
