@@ -45,9 +45,16 @@ def check_start(cfg: NodeConfig, *, swarm: bool) -> None:
 def check_peer_ids(addrs: list[str]) -> None:
     """Dial each initial peer as the peer its ``/p2p/`` part names. When none is that peer and some other
     peer answered (a node with a new identity, an id pasted from another node), raise a ConfigError naming
-    the id that answered; when some are right, say the wrong ones in a line and go on. Peers that do not
-    answer at all are left to the DHT start, which retries them and explains."""
+    the id that answered; when some are right, say the wrong ones in a line and go on. When nothing
+    answers at any address, say so in a line and go on: the DHT start tries them again (a bootstrap
+    started at the same moment may not be up yet) and ends in its own error if they stay silent."""
     answers = _answering_peers(addrs) if addrs else {}
+    if answers and all(found is None for found in answers.values()):
+        log(
+            f"swarm.initial_peers: nothing answers yet at {', '.join(addrs)} (asked for "
+            f"{PEER_CHECK_S:.0f} s); the node tries again as it starts and stops if none answers"
+        )
+        return
     wrong = {addr: found for addr, found in answers.items() if found not in (None, _claimed(addr))}
     if not wrong:
         return

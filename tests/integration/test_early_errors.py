@@ -1,10 +1,11 @@
 """Start-up mistakes end in one line within EARLY_S of the start, before the model loads and before the
 run folder is made: a taken p2p or metrics port, an initial peer's address that does not parse or that
-another peer answers."""
+another peer answers; initial peers where nothing answers are named as early, and the start goes on."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.experiment.processes import start_bootstrap
-from tests.helpers.cli import TINY, swarmnode
+from swarmnode.experiment.processes import node_env, start_bootstrap
+from tests.helpers.cli import COMMAND, TINY, swarmnode
 
 EARLY_S = 5.0
 PEER_ID = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
@@ -72,3 +73,31 @@ def test_an_initial_peer_that_answers_as_another_peer(tmp_path: Path) -> None:
     finally:
         bootstrap.stop()
     assert PEER_ID in line and real in line and "swarm.initial_peers" in line
+
+
+def test_initial_peers_where_nothing_answers_are_named_within_seconds(tmp_path: Path) -> None:
+    """A port nobody listens on (bound here, never listening, so nothing else takes it): one line names
+    the address within EARLY_S, before the model loads; the start then tries the DHT and ends in its own
+    error, since a bootstrap started at the same moment may need those seconds."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        addr = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{PEER_ID}"
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [*COMMAND, "join", "--peers", addr, "--config", str(TINY), "--run-dir", str(tmp_path / "run")],
+            cwd=tmp_path,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=node_env(),
+        )
+        try:
+            first = proc.stderr.readline()
+            took = time.monotonic() - start
+            rest = proc.communicate(timeout=90)[1]
+        finally:
+            proc.kill()
+            proc.wait()
+    assert "swarm.initial_peers: nothing answers yet" in first and addr in first, first + rest
+    assert took < EARLY_S, f"{took:.1f}s: {first}"
+    assert proc.returncode == 2 and "none of the initial peers answered" in rest, rest

@@ -6,7 +6,9 @@ is swapped for a third tiny node (another tokenizer: a Llama-shaped model whose 
 another seed), so the test takes seconds a round; that the SmolLM2 config would join the same swarm
 (task fingerprint, swarm id, sampling shape) is checked on its own. Each recipe runs as a process group
 started here (``start_new_session``), ended by its leader's PID; the NAT test deletes the namespaces it
-created, by the prefix it chose, whatever happened.
+created, by the prefix it chose, whatever happened. The two runs are ``slow`` (``pytest -m slow
+tests/integration/test_recipes.py``); the doc's markers and the SmolLM2 config's fit stay in the default
+suite.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def test_the_smollm2_config_joins_the_tiny_nodes_swarm():
     assert recipes()["mixed-swarm"].count(SMOLLM2_NODE) == 1
 
 
+@pytest.mark.slow  # a 3-node swarm, 4 rounds (~30 s); test_swarm.py keeps a mixed swarm in the default suite
 def test_mixed_model_recipe(tmp_path):
     folder = tmp_path / "mixed"
     block = recipes()["mixed-swarm"].replace(SMOLLM2_NODE, THIRD_TINY_NODE)
@@ -132,6 +135,7 @@ def test_mixed_model_recipe(tmp_path):
 NAT_REASON = netns.unavailable_reason(nft=True)
 
 
+@pytest.mark.slow  # ~40 s; test_netns_nat.py keeps NAT through a relay in the default suite
 @pytest.mark.skipif(NAT_REASON is not None, reason=NAT_REASON or "")
 def test_nat_recipe(tmp_path):
     prefix = f"rcp-{uuid.uuid4().hex[:8]}"  # not the netns helper's "sn-": its leftover checks stay its own
