@@ -23,7 +23,9 @@ metrics.jsonl; once all nodes finish, the two are joined:
   training step of the publish.
 - work per round: each node's notices sent and received, pulls, verifications (batches received) and
   bytes in and out per round (its metrics.jsonl ``peer_*`` counts), averaged over nodes, and the share
-  of rounds that trained on J peer groups: what must stay flat as the swarm grows (#27).
+  of rounds that trained on J peer groups (and what ended the wait of those that did not): what must
+  stay flat as the swarm grows (#27); and whether the nodes formed one swarm or cohorts
+  (swarmnode/experiment/cohorts.py).
 - share of round = sum(seconds_share) / sum(seconds_total) per node, averaged over nodes; "net share"
   subtracts from seconds_share the time the node was only waiting for the last peer of the round to
   publish at all (a straggler still sampling), which no network can remove.
@@ -47,11 +49,13 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.config import load_config
+from swarmnode.experiment.cohorts import cohorts
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
 from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, TRAFFIC
 
@@ -137,6 +141,15 @@ def work_per_round(nodes: list[dict], first: int, last: int, wanted: int) -> dic
         out[f"{name}_max_node"] = max(per_node, default=float("nan"))
     out["rounds_filling_j"] = (
         sum(r.get("groups_peer", 0) >= wanted for r in rows) / len(rows) if rows else float("nan")
+    )
+    # what ended the wait of each round that took fewer than J (the share trace's ``ended_by``)
+    out["short_rounds_ended_by"] = dict(
+        Counter(
+            node["exchange"].get(r, {}).get("ended_by", "unknown")
+            for node in nodes
+            for r in range(first, last + 1)
+            if r in node["metrics"] and node["metrics"][r].get("groups_peer", 0) < wanted
+        )
     )
     return out
 
@@ -272,6 +285,7 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
         "breakdown_p50_s": {k: median(v) for k, v in parts.items()},
         "breakdown_p95_s": {k: pct(v, 95) for k, v in parts.items()},
         "work_per_round": work_per_round(nodes, first, last, wanted),
+        "cohorts": cohorts(nodes, first, last),
     }
 
 
@@ -329,12 +343,19 @@ def breakdown_table(results: list[dict]) -> str:
 def work_table(results: list[dict]) -> str:
     """Per node per round (mean over nodes; the busiest node's in brackets)."""
     names = ("notices_sent", "notices_received", "pulls", "verifications", "bytes_in", "bytes_out")
-    head = "| nodes | " + " | ".join(name.replace("_", " ") for name in names) + " | rounds filling J |"
-    lines = [head, "|" + "|".join(["---"] * (len(names) + 2)) + "|"]
+    head = (
+        "| nodes | " + " | ".join(name.replace("_", " ") for name in names)
+        + " | rounds filling J | short rounds ended by | cohorts in time / trained-on graph |"
+    )  # fmt: skip
+    lines = [head, "|" + "|".join(["---"] * (len(names) + 4)) + "|"]
     for r in results:
-        w = r["analysis"]["work_per_round"]
+        w, c = r["analysis"]["work_per_round"], r["analysis"]["cohorts"]
         cells = [f"{w[name]:.1f} ({w[f'{name}_max_node']:.1f})" for name in names]
-        lines.append(f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(w['rounds_filling_j'], '%')} |")
+        ended_by = ", ".join(f"{why} {n}" for why, n in sorted(w["short_rounds_ended_by"].items())) or "-"
+        lines.append(
+            f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(w['rounds_filling_j'], '%')} | {ended_by} "
+            f"| {c['time_cohorts']} / {c['trained_components']} |"
+        )
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ files (``status.json`` is ``exchange.status``).
   that served it, ``via`` notice or poll, the announcement's signed timestamp, when the read that first
   showed it started and returned (a notice: its arrival, twice), fetch start and end, verification end,
   groups accepted or the fetch failure reason) and ``exchange`` (start, end, live peers, peers
-  delivered). Off by default: nothing is written.
+  delivered, and what ended the wait: ``swarm._wait_over``). Off by default: nothing is written.
 """
 
 from __future__ import annotations

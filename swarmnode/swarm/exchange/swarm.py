@@ -197,11 +197,8 @@ class Swarm:
             while True:
                 # banned meanwhile, or gone from the roster (an offline card): stop waiting
                 live = {peer for peer in live if peer in self.roster.cards and not self.book.is_banned(peer)}
-                if not live or live <= state.settled or time.monotonic() >= deadline:
-                    break
-                if state.pulls_done_round >= round_:  # the round's pull budget is spent: nothing more comes
-                    break
-                if state.pool.can_fill(wanted, since_round=round_):
+                ended_by = _wait_over(live, state, round_, wanted, deadline)
+                if ended_by:
                     break
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))
             delivered = len(live & state.settled)
@@ -212,6 +209,7 @@ class Swarm:
             state.counters.groups_trained += len(chosen)
         state.trace(
             "exchange", round=round_, started=t_start, ended=time.time(), live=len(live), delivered=delivered,
+            ended_by=ended_by,
         )  # fmt: skip
         records.append_peer_groups(self.run_dir, round_, chosen, self.write_failures)
         self.write_status(round_, policy_version)
@@ -274,3 +272,18 @@ def _dht_wait(deadline: float | None) -> float | None:
     own timeout) without one. A peer that died or a congested DHT can make each call wait its full
     timeout; within an exchange they share the share deadline instead of adding to it."""
     return None if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
+
+
+def _wait_over(live: set[str], state: ExchangeState, round_: int, wanted: int, deadline: float) -> str:
+    """Why a round's wait for peers ends now, or "" while it goes on (the share trace records it): no
+    peer to wait for, every awaited peer settled, the pool can fill J, the round's pull budget is spent
+    (nothing more comes), or the share deadline passed. The caller holds the state lock."""
+    if not live:
+        return "nobody"
+    if live <= state.settled:
+        return "settled"
+    if state.pool.can_fill(wanted, since_round=round_):
+        return "filled"
+    if state.pulls_done_round >= round_:
+        return "budget"
+    return "deadline" if time.monotonic() >= deadline else ""

@@ -14,6 +14,9 @@ import time
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange import fanout, puller
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
+from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.state import ExchangeState
+from swarmnode.swarm.exchange.swarm import _wait_over
 from swarmnode.swarm.wire import codec
 from tests.helpers.scripted_net import received
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
@@ -143,3 +146,16 @@ def test_a_batch_of_the_last_wave_heard_of_late_never_takes_this_rounds_budget(w
     time.sleep(3 * 0.2)  # three more polls: nothing else is pulled
     assert pulled_authors(world)[2:] and set(pulled_authors(world)[2:]) == {a.peer_id for a in fresh}
     assert world.service.puller.dropped["round_budget"] == 2  # the last wave's, though its window had room
+
+
+def test_the_rounds_wait_says_what_ended_it(tmp_path):
+    """The share trace's ``ended_by`` (benchmarks.swarm_latency counts it for rounds short of J)."""
+    state = ExchangeState(ShareTrace(tmp_path))
+    later, past = time.monotonic() + 60, time.monotonic() - 1
+    assert _wait_over(set(), state, 0, 4, later) == "nobody"
+    assert _wait_over({"a", "b"}, state, 0, 4, later) == ""
+    assert _wait_over({"a", "b"}, state, 0, 4, past) == "deadline"
+    state.pulls_done_round = 0
+    assert _wait_over({"a", "b"}, state, 0, 4, later) == "budget"
+    state.settled |= {"a", "b"}
+    assert _wait_over({"a", "b"}, state, 0, 4, later) == "settled"
