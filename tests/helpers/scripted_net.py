@@ -106,7 +106,7 @@ class Author:
         self.peer_id = self.identity.peer_id
         self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
         self.card_record = signed_card(self.identity, swarm_id, bank.fingerprint, self.next_seq(), card_age_s)
-        net.put(dht_rules.roster_keys(swarm_id)[0], self.peer_id, self.card_record, 60)
+        net.put(dht_rules.roster_key(swarm_id, self.peer_id), self.peer_id, self.card_record, 60)
 
     def next_seq(self) -> int:
         self.seq += 1

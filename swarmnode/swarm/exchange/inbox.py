@@ -4,9 +4,10 @@ Two sources: notices (a peer pushes a signed announcement the moment it publishe
 stream's peer is the *holder*, who says it can serve the batch) and the DHT poll (every roster peer's
 newest announcement; the author is its own holder). A notice whose author has no card here may come
 from a peer that just joined: if it carries the author's card, the card is admitted first (checked as
-if read from the DHT); otherwise it is *parked* until a roster read has ended since it came (one is
-asked for at once), then taken if the author is known, dropped as ``unknown_author`` after a second
-read. Only compatible roster peers' batches become candidates.
+if read from the DHT); otherwise it is *parked* until a roster read of the author's shard has ended
+since it came (one is asked for at once; the reader takes parked authors' shards first), then taken if
+the author is known, dropped as ``unknown_author`` after a second such read. Only compatible roster
+peers' batches become candidates.
 
 Bounds: at most ``MAX_QUEUED_NOTICES`` notices wait (``add_notice`` refuses beyond, without blocking
 the transport's loop), ``MAX_QUEUED_POLLS`` polls (beyond: dropped, the next poll reads them again) and
@@ -103,7 +104,7 @@ class Inbox:
             if self._known(notice):
                 self._on_candidate(notice)
             elif len(self._parked) < MAX_PARKED_NOTICES:  # a peer that just joined: read the roster
-                self._parked.append((notice, self.roster.reads))
+                self._parked.append((notice, self.roster.reads_of(notice.author)))
                 self._read_roster_soon()
             else:
                 self._count_notice("unknown_author")
@@ -112,9 +113,9 @@ class Inbox:
         """Parked notices, once a roster read has ended since they came (module docstring)."""
         if not self._parked:
             return
-        reads = self.roster.reads
         waiting = []
         for notice, parked_at in self._parked:
+            reads = self.roster.reads_of(notice.author)
             if reads > parked_at and self._known(notice):
                 self._on_candidate(notice)
             elif reads >= parked_at + 2:
@@ -124,6 +125,11 @@ class Inbox:
         self._parked = waiting
         if waiting:
             self._read_roster_soon()
+
+    def parked_authors(self) -> list[str]:
+        """Authors of parked notices, whose roster shards the next roster read takes first (any thread:
+        a snapshot of the list the service thread replaces)."""
+        return [notice.author for notice, _ in list(self._parked)]
 
     def _known(self, notice: Candidate) -> bool:
         return self.roster.knows(notice.author, notice.holder)

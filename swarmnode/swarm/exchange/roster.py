@@ -73,7 +73,8 @@ class Roster:
         self.changed = changed
         self.cards: dict[str, RosterCard] = {}
         self.live: set[str] = set()  # as of the last roster read
-        self.reads = 0  # roster reads so far (0: not yet)
+        self.reads = 0  # roster reads so far (0: not yet) ...
+        self.shard_reads = [0] * dht_rules.ROSTER_SHARDS  # ... and of each shard (a read takes a page)
         self.refused: Counter[str] = Counter()  # cards not taken, by reason
         self._heard: dict[str, BatchAnnouncement] = {}  # peer -> its newest announcement checked here
         self._probation: OrderedDict[str, None] = OrderedDict()  # cards without standing, oldest first
@@ -169,9 +170,10 @@ class Roster:
         self._missed.discard(peer)
         self.live.discard(peer)
 
-    def take_read(self, cards: list[tuple[str, bytes]]) -> set[str]:
-        """A roster read's (peer, card record) pairs: admit them, forget silent peers, recompute ``live``
-        (from every card held, not only this read's: a read that timed out must not make peers vanish)."""
+    def take_read(self, cards: list[tuple[str, bytes]], shards: list[int] | None = None) -> set[str]:
+        """A roster read's (peer, card record) pairs, of ``shards`` (None: all): admit them, forget silent
+        peers, recompute ``live`` (from every card held, not only this read's: a read that timed out, or a
+        page of other shards, must not make peers vanish)."""
         now = time.time()
         with self.lock:
             for peer, record in cards:
@@ -184,6 +186,8 @@ class Roster:
                 if now - self._signed_last(peer) < self.ttl_s / 2 and not self.book.is_banned(peer)
             }
             self.reads += 1
+            for shard in range(dht_rules.ROSTER_SHARDS) if shards is None else shards:
+                self.shard_reads[shard] += 1
             self.changed.notify_all()
             return set(self.live)
 
@@ -216,6 +220,11 @@ class Roster:
             if heard is not None and heard.timestamp > card.timestamp:
                 return heard.round, heard.policy_version, heard.timestamp
             return card.round, card.policy_version, card.timestamp
+
+    def reads_of(self, peer: str) -> int:
+        """Roster reads so far that took the shard holding ``peer``'s card."""
+        with self.lock:
+            return self.shard_reads[dht_rules.roster_shard(peer)]
 
     def knows(self, author: str, holder: str) -> bool:
         """Whether a notice from ``holder`` about ``author``'s batch is worth pulling: only compatible

@@ -12,12 +12,12 @@ A peer's batch takes four stages, each handed what it uses and passing its resul
 
 This module runs them. The service thread drains the inbox, starts pulls and handles finished ones,
 pulls first and again after each verification (pulls wait on the network, verifying a batch takes CPU).
-A reader thread of its own makes the DHT reads (the roster every ROSTER_REFRESH_S, sooner when parked
-notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll every POLL_INTERVAL_S, the floor under
-notices, of at most MAX_POLL_KEYS members), so a slow DHT delays only the next read, never a notice or a
-pull. The service thread is the only one that calls the
-``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters);
-the tokenizer is never touched here (verification scores completion *text*); the ``TaskBank`` is the
+A reader thread of its own makes the DHT reads (a page of ROSTER_PAGE_SHARDS roster shards every
+ROSTER_REFRESH_S, sooner when parked notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll
+every POLL_INTERVAL_S, the floor under notices, of at most MAX_POLL_KEYS members), so a slow DHT delays
+only the next read, never a notice or a pull. The service thread is the only one that calls the
+``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters); the
+tokenizer is never touched here (verification scores completion *text*); the ``TaskBank`` is the
 verifier's own copy.
 
 Every loop is bounded: the thread wakes at least every MAX_IDLE_S, and each wake handles at most
@@ -41,12 +41,17 @@ from swarmnode.swarm.net import dht, reachability
 from swarmnode.swarm.net.notices import NOTICE_STREAM, NoticeReceiver
 from swarmnode.swarm.net.origins import OriginCaps
 from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.wire import dht_rules
 
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys) ...
 MAX_POLL_KEYS = 64  # ... of at most this many roster members, whatever the roster's size
-ROSTER_REFRESH_S = 2.0  # the roster (who is live) is re-read this often
+ROSTER_REFRESH_S = 2.0  # a page of the roster (who is live) is read this often ...
+# ... of this many of its shards (at most 2 x 64 cards, 1 MiB), never all: the shards of authors whose
+# notices wait for their card first, then in turn (a pass of the 8 shards every 8 s; back to back, every
+# ROSTER_MIN_GAP_S, until the first pass is done)
+ROSTER_PAGE_SHARDS = 2
 # one roster read or poll; on the reader thread, so a slow DHT delays only the next read
 DHT_READ_TIMEOUT_S = 10.0
 ROSTER_MIN_GAP_S = 0.5  # roster reads asked for by parked notices start at most this often
@@ -100,6 +105,8 @@ class ExchangeService:
         transport.serve(reachability.DIALBACK_STREAM, self.dialback.handle)
         self._threads: list[threading.Thread] = []
         self._poll_offset = 0  # where the next poll's page of roster members starts
+        self._roster_next_shard = 0  # where the next roster page's turn starts ...
+        self._roster_passes = 0  # ... and how often the turn went round every shard
 
     def start(self) -> None:
         self._threads = [
@@ -119,10 +126,11 @@ class ExchangeService:
             thread.join(timeout_s)
         self.puller.stop()
 
-    def refresh_roster(self) -> set[str]:
-        """Read the roster now (the reader thread does this every ROSTER_REFRESH_S); the live peers."""
-        cards = dht.read_roster(self.transport.records, self.swarm_id, DHT_READ_TIMEOUT_S)
-        live = self.roster.take_read(cards)
+    def refresh_roster(self, shards: list[int] | None = None) -> set[str]:
+        """Read these roster shards now (None: every shard, as a test or a start may; the reader thread
+        reads a page, ``_roster_page``, every ROSTER_REFRESH_S); the live peers."""
+        cards = dht.read_roster(self.transport.records, self.swarm_id, DHT_READ_TIMEOUT_S, shards)
+        live = self.roster.take_read(cards, shards)
         self._wake.set()  # parked notices: their authors may be known now
         return live
 
@@ -165,8 +173,9 @@ class ExchangeService:
             if now >= next_roster:
                 self._read_roster_now.clear()
                 last_roster = now
-                self.refresh_roster()
-                next_roster = time.monotonic() + ROSTER_REFRESH_S
+                self.refresh_roster(self._roster_page())
+                gap = ROSTER_REFRESH_S if self._roster_passes else ROSTER_MIN_GAP_S
+                next_roster = time.monotonic() + gap
             elif now >= next_poll:
                 get_started = time.time()
                 found = dht.read_announcements(
@@ -191,3 +200,16 @@ class ExchangeService:
         start = self._poll_offset % len(members)
         self._poll_offset = start + MAX_POLL_KEYS
         return (members[start:] + members[:start])[:MAX_POLL_KEYS]
+
+    def _roster_page(self) -> list[int]:
+        """The ROSTER_PAGE_SHARDS shards the next roster read takes: those of parked notices' authors
+        first (a peer that just joined), the rest in turn (module constants)."""
+        page = list(dict.fromkeys(dht_rules.roster_shard(a) for a in self.inbox.parked_authors()))
+        page = page[:ROSTER_PAGE_SHARDS]
+        while len(page) < min(ROSTER_PAGE_SHARDS, dht_rules.ROSTER_SHARDS):
+            shard = self._roster_next_shard
+            self._roster_next_shard = (shard + 1) % dht_rules.ROSTER_SHARDS
+            self._roster_passes += self._roster_next_shard == 0
+            if shard not in page:
+                page.append(shard)
+        return page

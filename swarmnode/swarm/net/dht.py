@@ -193,10 +193,13 @@ def put_announcement(
     return records.put(key, peer_id, announcement, ANNOUNCE_RECORD_TTL_S, timeout_s, expires_at=expires_at)
 
 
-def read_roster(records: DHTRecords, swarm_id: str, timeout_s: float | None) -> list[tuple[str, bytes]]:
-    """Every (peer id, card record) in the swarm's roster shards, unchecked."""
-    shards = records.get_many(roster_keys(swarm_id), timeout_s)
-    return [item for shard in shards.values() for item in shard.items()]
+def read_roster(
+    records: DHTRecords, swarm_id: str, timeout_s: float | None, shards: Iterable[int] | None = None
+) -> list[tuple[str, bytes]]:
+    """Every (peer id, card record) in the swarm's roster ``shards`` (None: all of them), unchecked."""
+    keys = roster_keys(swarm_id)
+    found = records.get_many(keys if shards is None else [keys[shard] for shard in shards], timeout_s)
+    return [item for shard in found.values() for item in shard.items()]
 
 
 def read_announcements(

@@ -56,7 +56,8 @@ def world():
         for i, c in enumerate(own_samples)
     ]
     honest_ids = peer_samples[0].token_ids
-    payload = tuple(torch.randint(3, len(policy.tokenizer), (PAYLOAD_TOKENS,), generator=torch.Generator().manual_seed(0)).tolist())
+    draw = torch.Generator().manual_seed(0)
+    payload = tuple(torch.randint(3, len(policy.tokenizer), (PAYLOAD_TOKENS,), generator=draw).tolist())
     cut = len(peer_samples[1].token_ids) // 2
     crafted_ids = peer_samples[1].token_ids[:cut] + payload + peer_samples[1].token_ids[cut:]
     peer_group = _group("peer", "attacker")

@@ -34,6 +34,7 @@ def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_
     authors = world.authors(SWARM_OVER_BUDGET * budget, standing=True)
     for author in authors:
         author.publish()
+    world.service.refresh_roster()  # every author known before the first poll finds their batches
     world.service.start()
     assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
     time.sleep(3 * 0.2)  # three more polls (the world's interval) find every batch again

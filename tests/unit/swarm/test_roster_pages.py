@@ -1,0 +1,65 @@
+"""#27: a node reads the roster in pages of ROSTER_PAGE_SHARDS shards, never whole, however full it is;
+the shards of authors whose notices wait for their card come first.
+
+The worst case is a full roster: every shard holding its 64 cards (512 identities). The old reader took
+all 8 shards (512 cards, up to 4 MiB) in every read, every 2 s."""
+
+from __future__ import annotations
+
+from swarmnode.experiment.waiting import wait_until
+from swarmnode.identity import Identity
+from swarmnode.swarm.exchange import service as service_module
+from swarmnode.swarm.exchange.service import ROSTER_PAGE_SHARDS
+from swarmnode.swarm.wire import dht_rules
+from tests.helpers.scripted_net import signed_card
+
+
+def _fill_roster(world) -> set[str]:
+    """Every shard filled to MAX_SUBKEYS_PER_KEY cards, each at the key its peer id names, of peers with
+    standing (a roster holds only PROBATION_CARDS of peers without)."""
+    peers: set[str] = set()
+    while len(peers) < dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY:
+        identity = Identity.generate()
+        key = dht_rules.roster_key(world.swarm_id, identity.peer_id)
+        if len(world.net.store.get(key, {})) < dht_rules.MAX_SUBKEYS_PER_KEY:
+            card = signed_card(identity, world.swarm_id, world.roster.fingerprint, 1)
+            world.net.put(key, identity.peer_id, card, 60)
+            world.book.reward(identity.peer_id)
+            peers.add(identity.peer_id)
+    return peers
+
+
+def _recording_reads(world) -> list[list[str]]:
+    """The roster keys of each DHT read the service makes from now on."""
+    reads: list[list[str]] = []
+    get_many = world.net.get_many
+
+    def recorded(keys, timeout_s=None):
+        roster = [key for key in keys if "/roster/" in key]
+        if roster:
+            reads.append(roster)
+        return get_many(keys, timeout_s)
+
+    world.net.get_many = recorded
+    return reads
+
+
+def test_a_full_roster_is_read_in_pages_and_every_card_is_still_found(world):
+    peers = _fill_roster(world)
+    reads = _recording_reads(world)
+    world.service.start()
+    assert wait_until(lambda: len(world.roster.cards) == len(peers), 20), len(world.roster.cards)
+    assert reads and max(len(keys) for keys in reads) == ROSTER_PAGE_SHARDS  # the old reader: 8 every time
+    first_pass = [key for keys in reads[: dht_rules.ROSTER_SHARDS // ROSTER_PAGE_SHARDS] for key in keys]
+    assert sorted(first_pass) == sorted(dht_rules.roster_keys(world.swarm_id))
+
+
+def test_a_parked_notices_author_has_its_shard_read_first(world, monkeypatch):
+    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 60.0)  # only the first pass, then asked reads
+    newcomer = Identity.generate()
+    shard = dht_rules.roster_shard(newcomer.peer_id)
+    world.service.inbox.parked_authors = lambda: [newcomer.peer_id]
+    assert world.service._roster_page()[0] == shard
+    world.service.inbox.parked_authors = lambda: []
+    turns = [world.service._roster_page() for _ in range(dht_rules.ROSTER_SHARDS // ROSTER_PAGE_SHARDS)]
+    assert sorted(s for page in turns for s in page) == list(range(dht_rules.ROSTER_SHARDS))
