@@ -12,6 +12,7 @@ has the commands and the results.
 
     .venv/bin/python -m benchmarks.poisoning --payload sentence-start --defences none span --rounds 40
     .venv/bin/python -m benchmarks.poisoning --control --defences none span --rounds 40
+    .venv/bin/python -m benchmarks.poisoning --report      # the tables, from docs/poisoning/*.json
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.experiment.poisoning import KINDS
+from swarmnode.experiment.poisoning_report import report
 from swarmnode.experiment.poisoning_run import (
     DEFAULT_CONFIG,
     TABLE_HEADER,
@@ -58,8 +60,14 @@ def main() -> int:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--summary-dir", type=Path, default=Path("docs/poisoning"), help="one JSON per arm")
     parser.add_argument("--json", type=Path, default=None, help="everything, all arms, as JSON")
+    parser.add_argument(
+        "--report", action="store_true", help="print the tables of the summaries in --summary-dir and exit"
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help="keep the node's run folders here")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.summary_dir))
+        return 0
 
     specs = [
         ArmSpec(
