@@ -1,5 +1,6 @@
 """Simulate the public network (#27): per-node work, delivery latency, rounds that fill J and bootstrap
-nodes, for swarms no machine here can run, today's data plane against the target's.
+nodes, for swarms no machine here can run: the data plane as it was (today), as the code is (bounded) and
+as #27 designs it (target).
 
 The model is ``swarmnode.experiment.simulation`` (what is exact and what is approximated is said there),
 priced by ``swarmnode.experiment.sim_load`` with the per-operation costs of benchmarks/swarm_sim_costs.json
@@ -11,7 +12,8 @@ runs it: for validation). Usage:
     .venv/bin/python -m benchmarks.swarm_sim --nodes 8 16 32 100 1000 10000 --variant today target
     .venv/bin/python -m benchmarks.swarm_sim --nodes 100 1000 10000 --variant target --hops 1 2 3 6
     .venv/bin/python -m benchmarks.swarm_sim --measure [--measure-net]      # re-measure, rewrite costs
-    .venv/bin/python -m benchmarks.swarm_sim --validate runs/latency.json --variant target
+    .venv/bin/python -m benchmarks.swarm_sim --nodes 8 16 32 100 1000 10000 --variant bounded
+    .venv/bin/python -m benchmarks.swarm_sim --validate runs/latency.json --variant bounded
 
 ``--validate`` reads a ``benchmarks.swarm_latency --json`` report that carries the per-node counts
 (``swarmnode.experiment.sim_validation`` says which fields, and computes them from metrics.jsonl),

@@ -4,8 +4,9 @@ At 32 nodes on one machine a swarm once split in two in time: 17 nodes' roster r
 waited out ``wait_for_peers_s`` and ran their rounds a wait later than the rest, each half training on
 itself. Two views of the same question, both from what benchmarks.swarm_latency already reads:
 
-- **in time**: in each round, the nodes' publish starts sorted; a gap longer than half the median round
-  splits them. One cohort: no round has such a gap.
+- **in time**: in each round, the nodes' publish starts sorted; a gap longer than the median round splits
+  them (nodes of different speeds drift apart by parts of a round; a cohort that waited out a start is
+  many rounds behind). One cohort: no round has such a gap.
 - **in what they trained on**: the graph with an edge between a node and each producer of a peer group
   it trained on; one cohort: the graph is connected (every node reached from every other, ignoring
   direction).
@@ -18,9 +19,9 @@ import statistics
 
 
 def time_cohorts(starts: list[float], round_s: float) -> int:
-    """How many groups ``starts`` (one round's publish starts) fall into, split at gaps > round_s / 2."""
+    """How many groups ``starts`` (one round's publish starts) fall into, split at gaps > ``round_s``."""
     ordered = sorted(starts)
-    return 1 + sum(b - a > round_s / 2 for a, b in itertools.pairwise(ordered)) if ordered else 0
+    return 1 + sum(b - a > round_s for a, b in itertools.pairwise(ordered)) if ordered else 0
 
 
 def trained_components(peers: list[str], trained_from: dict[str, set[str]]) -> int:

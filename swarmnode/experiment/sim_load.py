@@ -9,15 +9,15 @@ rather than per batch, by formula: roster reads, DHT polls and stores, view shuf
 Bootstrap nodes, the model: a bootstrap is a DHT node whose address every config lists, plus the
 relay of nodes behind NAT (swarmnode/bootstrap.py: client-mode nodes take their initial peers as static
 relays). It carries (1) every newcomer's first lookups, since a newcomer's routing table holds only the
-bootstraps (a ping, a find of its own id, its first roster read, poll and two stores: one key each, at
+bootstraps (a ping, a find of its own id, its first roster pass, poll and two stores: one key each, at
 the first hop), at the churn's join rate; (2) its share of all other DHT lookups, like any DHT server
 (servers are the nodes not behind NAT, and the bootstraps), ``dht_hops`` key answers per lookup; within
 ``BOOTSTRAP_UTILIZATION`` of one core at the measured CPU per key answered; and (3) one relay reservation
 per node behind NAT, at most ``RELAY_MAX_RESERVATIONS`` per bootstrap, each relaying what is sent to
 its node (notices in, the payloads it serves). The count is the largest of the
 three needs and ``MIN_BOOTSTRAPS``. The roster's shard keys are read by every node (today: all 8 every 2
-s) and answered by the DHT nodes nearest each key, bootstrap or not: ``hot_key_*`` gives that load per
-storing node before hivemind's caching spreads it (an upper bound).
+s; bounded: a page of 2 every 2 s) and answered by the DHT nodes nearest each key, bootstrap or not:
+``hot_key_*`` gives that load per storing node before hivemind's caching spreads it (an upper bound).
 """
 
 from __future__ import annotations
@@ -62,12 +62,17 @@ def round_period_s(result: Result) -> float:
     return result.scenario.round_s + result.per_node.get("exchange_wait_s", 0.0)
 
 
+def cards_per_shard(nodes: int) -> float:
+    """Roster cards one shard key holds: the swarm's share of it, at most a key's subkeys."""
+    return min(nodes / ROSTER_SHARDS, MAX_SUBKEYS_PER_KEY)
+
+
 def dht_keys_per_round(result: Result) -> dict[str, float]:
     """DHT keys a node looks up and stores per round, and the records it reads (cards, announcements)."""
     sc, proto, period = result.scenario, result.protocol, round_period_s(result)
     members = min(sc.nodes - 1, proto.view if proto.gossip else proto.roster_cap)
     roster_reads = period / proto.roster_read_s
-    cards_per_read = min(sc.nodes, proto.roster_keys_read * MAX_SUBKEYS_PER_KEY)
+    cards_per_read = proto.roster_keys_read * cards_per_shard(sc.nodes)
     polls = period / proto.poll_interval_s
     card_puts = period / (round_ttl_s(sc.deadline_s) / ANNOUNCES_PER_TTL)
     return {
@@ -88,10 +93,11 @@ def per_node_costs(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
     shuffles = 2 * period / proto.shuffle_s if proto.shuffle_s else 0.0  # started and answered
     shuffle_cards = shuffles * proto.shuffle_len
     ttl = round_ttl_s(sc.deadline_s)
-    # a roster card is re-signed every ttl / 4: a read finds that share of the cards new and checks them
-    card_checks = shuffle_cards + dht["cards_read"] * min(
-        proto.roster_read_s / (ttl / ANNOUNCES_PER_TTL), 1.0
-    )
+    # a roster card is re-signed every ttl / 4 and checked when a read finds it new: once a re-sign, or
+    # once a pass over the shards where a pass takes longer
+    pass_s = proto.roster_read_s * ROSTER_SHARDS / proto.roster_keys_read
+    roster_cards = ROSTER_SHARDS * cards_per_shard(sc.nodes)
+    card_checks = shuffle_cards + roster_cards * period / max(ttl / ANNOUNCES_PER_TTL, pass_s)
     servers = max(sc.nodes * (1 - nat_share), 1)
     served_keys = (dht["keys_read"] + dht["keys_stored"] * DHT_REPLICAS) * sc.dht_hops() * sc.nodes / servers
     pulled = n.get("bytes_in", 0.0)
@@ -140,7 +146,7 @@ def bootstrap_load(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
     capacity = BOOTSTRAP_UTILIZATION / costs["dht_key_server_cpu_s"]
     joins_per_s = sc.churn_per_min * sc.nodes / 60
     members = min(sc.nodes - 1, proto.view if proto.gossip else proto.roster_cap)
-    join_keys = 2 + proto.roster_keys_read + min(proto.poll_keys, members) + 2
+    join_keys = 2 + proto.roster_keys_first + min(proto.poll_keys, members) + 2
     spare = capacity - per_server
     by_dht = math.inf if spare <= 0 else math.ceil(joins_per_s * join_keys / spare)
     by_relay = math.ceil(sc.nodes * nat_share / RELAY_MAX_RESERVATIONS)
@@ -148,7 +154,6 @@ def bootstrap_load(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
     hot_reads = shard_reads / ROSTER_SHARDS / DHT_REPLICAS
     costs_now = per_node_costs(result, costs, nat_share)
     relayed = costs_now["notice_bytes_in"] + costs_now["payload_bytes_out"]  # streams opened to a NAT node
-    cards_per_shard = min(sc.nodes / ROSTER_SHARDS, MAX_SUBKEYS_PER_KEY)
     return {
         "joins_per_s": joins_per_s,
         "join_keys": join_keys,
@@ -159,5 +164,5 @@ def bootstrap_load(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
         "bootstraps": max(MIN_BOOTSTRAPS, by_dht, by_relay),
         "relay_bytes_per_s_per_bootstrap": relayed / period * RELAY_MAX_RESERVATIONS if by_relay else 0.0,
         "hot_key_reads_per_s_per_replica": hot_reads,
-        "hot_key_bytes_per_s_per_replica": hot_reads * cards_per_shard * costs["card_bytes"],
+        "hot_key_bytes_per_s_per_replica": hot_reads * cards_per_shard(sc.nodes) * costs["card_bytes"],
     }

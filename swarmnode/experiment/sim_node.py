@@ -4,11 +4,13 @@ simulated event by event.
 ``EventLoop`` runs callbacks in simulated time order (a SimPy-like core on ``heapq``); ``Server`` is a
 first-come-first-served worker pool (a node's verifier thread). An ``Observer`` hears of batches (notices
 or its DHT poll), keeps them pending in three queues (authors with standing; without; without and whose
-first chance failed), pulls them on the workers of each share within the protocol's caps (and, in the
-target protocol, at most K a round with an exploration share), verifies them one at a time, and ends each
-round's exchange when its pool holds J usable groups (at most ``producer_share`` of J from one author) or
-at the deadline. It reaches the swarm only through its ``sim`` (``simulation.Simulation``): the protocol
-and scenario, the clock, ``pull_outcome``, ``publish``, ``poll_members`` and the tallies.
+first chance failed), pulls them on the workers of each share within the protocol's caps and round budget
+(``Protocol.k_scope``: in the target, at most K a round with an exploration share; in the code, K first
+pulls of authors with standing in the round's window), verifies them one at a time, and ends each round's
+exchange when its pool holds J usable groups (at most ``producer_share`` of J from one author), when the
+code's K pulls have all ended, or at the deadline. It reaches the swarm only through its ``sim``
+(``simulation.Simulation``): the protocol and scenario, the clock, ``pull_outcome``, ``publish``,
+``poll_members`` and the tallies.
 """
 
 from __future__ import annotations
@@ -97,7 +99,9 @@ class Observer:
         self.queues = {"standing": deque(), "probation": deque(), "failed": deque()}
         self.pending_of: Counter[int] = Counter()
         self.active = {"standing": 0, "probation": 0}
-        self.pulls_round = self.probation_round = 0
+        self.pulls_round = self.probation_round = 0  # k_scope "all": the round's pulls, and of them probation
+        self.window_opened = 0.0  # k_scope "standing": the round's window opened (the last exchange ended)
+        self.window_pulls = 0  # ... and first pulls of authors with standing started since
         self.verifier = Server(sim.loop)
         self.pool: list[tuple[float, Batch]] = []
         self.waiting_since: float | None = None
@@ -122,6 +126,9 @@ class Observer:
         if queue == "probation" and batch.author in self.failed_first:
             queue = "failed"
         proto = sim.protocol
+        if queue == "standing" and self._spent(batch):
+            sim.tally(self, "dropped")
+            return
         pending = sum(len(q) for q in self.queues.values())
         no_standing = len(self.queues["probation"]) + len(self.queues["failed"])
         if (
@@ -131,8 +138,8 @@ class Observer:
         ):
             sim.tally(self, "dropped")
             return
-        if proto.k_factor and self.pending_of[batch.author]:  # a newer batch supersedes a pending one
-            self._drop_pending(lambda b: b.author == batch.author)
+        if proto.k_scope == "all" and proto.k_factor and self.pending_of[batch.author]:
+            self._drop_pending(lambda b: b.author == batch.author)  # the target: the newer one supersedes
         self.pending_of[batch.author] += 1
         self.queues[queue].append(batch)
         self.start_pulls()
@@ -145,9 +152,19 @@ class Observer:
                     self.pending_of[b.author] -= 1
             self.queues[name] = kept
 
+    def _spent(self, batch: Batch) -> bool:
+        """k_scope "standing" (round_budget.py), for a batch of an author with standing: announced before
+        the round's window opened (of the last wave), or K first pulls started in the window already. Such
+        a batch is dropped for good, never deferred."""
+        proto = self.sim.protocol
+        k = proto.pulls_per_round(self.sim.scenario.j)
+        return proto.k_scope == "standing" and (
+            batch.published < self.window_opened or self.window_pulls >= k
+        )
+
     def start_pulls(self) -> None:
         sim, proto = self.sim, self.sim.protocol
-        k = proto.pulls_per_round(sim.scenario.j)
+        k = proto.pulls_per_round(sim.scenario.j) if proto.k_scope == "all" else None  # K caps every pull
         while k is None or self.pulls_round < k:
             batch, share = self._next(k)
             if batch is None:
@@ -155,17 +172,26 @@ class Observer:
             self.pending_of[batch.author] -= 1
             if sim.loop.now - batch.published > sim.ttl_s:
                 continue  # given up with its announcement
+            if share == "standing" and self._spent(batch):
+                sim.tally(self, "dropped")
+                continue
             self.active[share] += 1
             self.pulls_round += 1
             self.probation_round += share == "probation"
+            self.window_pulls += share == "standing"
             sim.tally(self, "pulls")
             batch.pulls += 1
             delay, ok = sim.pull_outcome(batch, share)
             sim.loop.after(delay, self.pulled, batch, share, ok)
 
     def _next(self, k: int | None) -> tuple[Batch | None, str]:
+        """The next batch to pull and its share: authors with standing first; FIFO without a K, the
+        freshest first with one (the code: by publish time; the target: the last heard of)."""
         proto = self.sim.protocol
-        take = deque.pop if k is not None else deque.popleft  # K-bounded: the freshest first
+        if proto.k_scope == "standing":
+            take = _pop_freshest
+        else:
+            take = deque.pop if k is not None else deque.popleft
         if self.active["standing"] < proto.parallel_pulls and self.queues["standing"]:
             return take(self.queues["standing"]), "standing"
         if self.active["probation"] >= proto.probation_pulls:
@@ -190,6 +216,7 @@ class Observer:
             if batch.author not in self.standing:
                 self.failed_first.add(batch.author)
         self.start_pulls()
+        self._end_soon_if_budget_done()
 
     def verified(self, batch: Batch) -> None:
         if not self.alive:
@@ -199,14 +226,38 @@ class Observer:
         self.standing.add(batch.author)
         self.pool.append((self.sim.loop.now, batch))
         if self.waiting_since is not None and self.can_fill():
-            self.end_exchange(filled=True)
+            self.end_exchange()
+        else:
+            self._end_soon_if_budget_done()
+
+    def _budget_done(self) -> bool:
+        """k_scope "standing": the round's K first pulls started, ended and were verified; nothing more
+        comes for this round (the code's ``state.pulls_done_round``)."""
+        proto = self.sim.protocol
+        k = proto.pulls_per_round(self.sim.scenario.j)
+        return (
+            proto.k_scope == "standing"
+            and self.window_pulls >= k
+            and not self.active["standing"]
+            and not self.verifier.busy
+        )
+
+    def _end_soon_if_budget_done(self) -> None:
+        """End the exchange if the budget is done, looked at once the verifier took its next job."""
+        if self.sim.protocol.k_scope == "standing":
+            self.sim.loop.after(0.0, self._end_if_budget_done)
+
+    def _end_if_budget_done(self) -> None:
+        if self.alive and self.waiting_since is not None and self._budget_done():
+            self.end_exchange()
 
     # -- rounds ------------------------------------------------------------------------------------
     def start_round(self) -> None:
         if not self.alive:
             return
-        if self.sim.protocol.k_factor:  # K a round goes to fresh batches: those older than our last
-            self._drop_pending(lambda b: b.published < self.exchange_started)  # exchange are dropped
+        if self.sim.protocol.k_scope == "all" and self.sim.protocol.k_factor:
+            # the target's K goes to fresh batches: those older than the last exchange are dropped
+            self._drop_pending(lambda b: b.published < self.exchange_started)
         self.round_started = self.sim.loop.now
         self.pulls_round = self.probation_round = 0
         self.sim.loop.after(self.sim.sample_s(self.id), self.begin_exchange)
@@ -217,15 +268,15 @@ class Observer:
             return
         self.exchange_started = self.sim.loop.now
         self.sim.publish(self.id)
-        if self.can_fill():
-            self.end_exchange(filled=True)
+        if self.can_fill() or self._budget_done():
+            self.end_exchange()
             return
         self.waiting_since = self.sim.loop.now
         self.sim.loop.after(self.sim.scenario.deadline_s, self.deadline, self.waiting_since)
 
     def deadline(self, since: float) -> None:
         if self.alive and self.waiting_since == since:
-            self.end_exchange(filled=False)
+            self.end_exchange()
 
     def usable(self) -> list[tuple[float, Batch]]:
         fresh_after = self.sim.loop.now - self.sim.ttl_s
@@ -233,10 +284,15 @@ class Observer:
         return [(t, b) for t, b in self.pool if b.informative and self.id not in b.used_by]
 
     def can_fill(self) -> bool:
+        """Whether the pool holds J usable groups; the code counts only those that arrived in the round's
+        window (``GroupPool.can_fill``'s ``since_round``)."""
         cap = math.ceil(self.sim.scenario.j * self.sim.protocol.producer_share)
-        return sum(min(b.informative, cap) for _, b in self.usable()) >= self.sim.scenario.j
+        since = self.window_opened if self.sim.protocol.k_scope == "standing" else -math.inf
+        usable = (b for t, b in self.usable() if t >= since)
+        return sum(min(b.informative, cap) for b in usable) >= self.sim.scenario.j
 
-    def end_exchange(self, filled: bool) -> None:
+    def end_exchange(self) -> None:
+        """Train on up to J groups, the freshest first; the round filled J if it got them."""
         sim = self.sim
         self.waiting_since = None
         cap, need = math.ceil(sim.scenario.j * sim.protocol.producer_share), sim.scenario.j
@@ -245,7 +301,8 @@ class Observer:
                 break
             need -= min(batch.informative, cap)
             batch.used_by[self.id] = sim.loop.now
-        sim.end_round(self, filled, sim.loop.now - self.exchange_started)
+        sim.end_round(self, need <= 0, sim.loop.now - self.exchange_started)
+        self.window_opened, self.window_pulls = sim.loop.now, 0
         sim.loop.after(sim.train_s(self.id), self.start_round)
 
     # -- the DHT poll ------------------------------------------------------------------------------
@@ -264,3 +321,10 @@ class Observer:
             if batch is not None and batch.published <= visible_before and batch.id not in self.known:
                 sim.loop.after(sim.dht_get_s, self.hear, batch, "poll")
         sim.loop.after(sim.protocol.poll_interval_s, self.poll)
+
+
+def _pop_freshest(queue: deque) -> Batch:
+    """The batch published last (the code orders pending batches by their announcement's time)."""
+    batch = max(queue, key=lambda b: b.published)
+    queue.remove(batch)
+    return batch

@@ -3,8 +3,10 @@ network it runs on (``Scenario``), for ``swarmnode.experiment.simulation``.
 
 ``Protocol.today()`` takes every cap, timer and worker count from the code that owns it (exchange/puller,
 service, standing, pool, roster; net/notices; wire/dht_rules), so the model follows the code's values;
-``Protocol.target()`` is #27's design: a bounded view of V peers, gossip to D of them with a hop limit H,
-at most K = k_factor x J pulls a round with an exploration share.
+``Protocol.bounded()`` is the code since #27's bounds (notices to D peers on a ring, K pulls of authors
+with standing in the round's window, the roster read in pages); ``Protocol.target()`` is #27's design: a
+bounded view of V peers, gossip to D of them with a hop limit H, at most K = k_factor x J pulls a round
+with an exploration share.
 """
 
 from __future__ import annotations
@@ -29,9 +31,15 @@ class Protocol:
     roster_cap: int = roster.MAX_ROSTER_PEERS
     view: int = 0  # V, the active view (gossip)
     fanout: int = 0  # D
+    ring: bool = False  # the publisher's D on the ring of its peers with standing (fanout.py); else at random
     hops: int = 0  # H: a notice seen first at hop h < H is forwarded (the publisher's send is hop 0)
     k_factor: float = 0.0  # K = k_factor x J pulls a round; 0: every batch heard of
-    exploration_share: float = 0.25  # of K, for authors without standing
+    # what K counts: "all" pulls, an exploration share of it for authors without standing, pending batches
+    # older than the last exchange dropped when a round starts (the target); "standing": first pulls of
+    # authors with standing announced in the round's window, the others in their probation share outside K
+    # (the code: exchange/round_budget.py)
+    k_scope: str = "all"
+    exploration_share: float = 0.25  # of K, for authors without standing (k_scope "all")
     max_pending: int = puller.MAX_PENDING
     probation_pending: int = standing.PROBATION_PENDING
     pending_per_author: int = standing.PENDING_PER_AUTHOR
@@ -46,6 +54,7 @@ class Protocol:
     poll_keys: int = service.MAX_POLL_KEYS  # target: the view's keys (V)
     roster_read_s: float = service.ROSTER_REFRESH_S  # a roster read every this often ...
     roster_keys_read: int = dht_rules.ROSTER_SHARDS  # ... of this many shard keys
+    roster_keys_first: int = dht_rules.ROSTER_SHARDS  # a newcomer's first read (the code: every shard)
     shuffle_s: float = 0.0  # target: a view shuffle (Cyclon) started this often ...
     shuffle_len: int = 0  # ... trading this many cards each way
     producer_share: float = pool.PRODUCER_SHARE
@@ -58,12 +67,14 @@ class Protocol:
 
     @classmethod
     def bounded(cls) -> Protocol:
-        """The code since #27's bounds: the roster is the view, a publish notifies ``NOTICE_FANOUT`` of it
-        and nobody forwards, at most ``PULLS_PER_PEER_GROUP`` x J pulls a round. (The code keeps authors
-        without standing outside K, in their probation share; the model gives them a share of K.)"""
+        """The code since #27's bounds: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
+        on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
+        first pulls of authors with standing a round, of batches announced in its window; a page of
+        ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
         return cls(
-            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, hops=1,
-            k_factor=puller.PULLS_PER_PEER_GROUP,
+            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
+            hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
+            roster_keys_read=service.ROSTER_PAGE_SHARDS,
         )  # fmt: skip
 
     @classmethod
@@ -82,6 +93,7 @@ class Protocol:
             poll_keys=view,
             roster_read_s=60.0,
             roster_keys_read=1,
+            roster_keys_first=1,
             shuffle_s=10.0,
             shuffle_len=8,
         )

@@ -2,7 +2,7 @@
 
 What happens in the model, per node and round: the node samples, publishes one batch (a signed
 announcement, then notices), trains on J peer groups it verified, and meanwhile pulls and verifies the
-batches it hears of. Two ways to hear of a batch, both parameterized by ``Protocol``:
+batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
 
 - **today** (``Protocol.today()``, constants read from the code): the publisher notifies every roster
   peer (at most ``MAX_ROSTER_PEERS``, ``MAX_PARALLEL_NOTICE_SENDS`` streams at once), every node polls the
@@ -14,7 +14,10 @@ batches it hears of. Two ways to hear of a batch, both parameterized by ``Protoc
   sender or the author) while the hop count is below H; the poll reads only the view's keys; at most
   K = k_factor x J pulls a round, freshest first, authors with standing first and an
   ``exploration_share`` of K for the others (all of K while the node knows fewer than J peers with
-  standing); pending batches older than the node's last exchange are dropped each round.
+  standing); pending batches older than the node's last exchange are dropped each round;
+- **bounded** (``Protocol.bounded()``, the code): the view is the roster; the publisher's D targets are
+  on the ring of its peers with standing (``ring_targets``) and nobody forwards; K counts only authors with
+  standing, within the round's window (``sim_node.Observer``).
 
 Measured over a window (after ``warmup_rounds``, before the last round): notices per node and round are
 swarm-wide (sent: by honest nodes per honest publish; received: per publish of anyone), the rest are the
@@ -35,6 +38,7 @@ seconds and bootstrap nodes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections import Counter, deque
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 
 from swarmnode.experiment.sim_node import Batch, EventLoop, Observer
 from swarmnode.experiment.sim_scenario import Protocol, Scenario
+from swarmnode.swarm.exchange.fanout import notice_targets
 from swarmnode.swarm.exchange.swarm import round_ttl_s
 
 
@@ -81,6 +86,8 @@ class Simulation:
         self.alive: list[bool] = []
         self.silent: list[bool] = []
         self.speed: list[float] = []
+        self.peer_ids: list[str] = []  # what the ring sorts by: a hash of the node's number
+        self._by_peer_id: dict[str, int] = {}
         self.live: list[int] = []
         self._live_at: dict[int, int] = {}
         self.views: list[list[int]] = []
@@ -118,6 +125,8 @@ class Simulation:
         self.silent.append(not observer and self.rng.random() < self.scenario.silent_share)
         spread = self.scenario.speed_spread
         self.speed.append(self.rng.uniform(1 - spread, 1 + spread))
+        self.peer_ids.append(hashlib.sha256(f"{self.scenario.seed}:{nid}".encode()).hexdigest()[:16])
+        self._by_peer_id[self.peer_ids[-1]] = nid
         self._live_at[nid] = len(self.live)
         self.live.append(nid)
         return nid
@@ -235,9 +244,10 @@ class Simulation:
                 self.loop.after(self.rng.choice(walks["delays"]), observer.hear, batch, "notice")
 
     def _walk(self, batch: Batch, weight: float) -> None:
-        """The notice's spread over the overlay, breadth first: each node that sees it first at a hop
-        below H (and is honest) sends it to D peers of its view other than its sender and the author; a
-        dead peer costs a failed send and is replaced in the view by a live node."""
+        """The notice's spread over the overlay, breadth first: the publisher sends it to D peers of its
+        view (``ring_targets`` where the protocol says so), each node that sees it first at a hop below H
+        (and is honest) to D of its view other than its sender and the author; a dead peer costs a failed
+        send and is replaced in the view by a live node."""
         proto, rng, t0 = self.protocol, self.rng, self.loop.now
         seen = {batch.author}
         frontier = deque([(batch.author, 0, 0.0, -1)])
@@ -247,8 +257,11 @@ class Simulation:
             if hop >= proto.hops or (hop > 0 and self.silent[node]):
                 continue
             view = self.views[node]
-            drawn = rng.sample(view, min(proto.fanout + 2, len(view)))
-            targets = [p for p in drawn if p != sender and p != batch.author]  # neither is sent it back
+            if proto.ring and hop == 0:
+                targets = self.ring_targets(node)
+            else:
+                drawn = rng.sample(view, min(proto.fanout + 2, len(view)))
+                targets = [p for p in drawn if p != sender and p != batch.author]  # neither is sent it back
             for i, peer in enumerate(targets[: proto.fanout]):
                 sent += 1
                 if not self.alive[peer]:
@@ -268,6 +281,24 @@ class Simulation:
         self.walks["visits"] += sent
         self.walks["reach"] += len(seen) - 1
         self._count_notices(batch, sent * weight, delivered * weight)
+
+    def ring_targets(self, author: int) -> list[int]:
+        """The publisher's D targets as the code picks them (``fanout.notice_targets``, at the rotation of
+        the simulated clock): on the ring of its view members with standing and itself, by peer id;
+        members without standing fill in at random while the ring is short. A member has standing when it
+        is honest and has published: a node's probation share pulls every author it hears of, and one
+        verified batch gives standing."""
+        view, count = self.views[author], self.protocol.fanout
+        standing = [m for m in view if m in self.latest and not self.silent[m]]
+        on_ring = set(standing)
+        ring = notice_targets(
+            self.peer_ids[author], [self.peer_ids[m] for m in standing], [], count, self.loop.now
+        )
+        targets = [self._by_peer_id[p] for p in ring]
+        if len(targets) < count:
+            others = [m for m in view if m not in on_ring]
+            targets += self.rng.sample(others, min(count - len(targets), len(others)))
+        return targets
 
     # -- what an observer asks of the swarm ----------------------------------------------------------
     def pull_outcome(self, batch: Batch, share: str) -> tuple[float, bool]:

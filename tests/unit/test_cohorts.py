@@ -15,9 +15,9 @@ def _node(peer: str, start: float, producers: list[str], rounds=(2, 3)) -> dict:
     }
 
 
-def test_a_gap_longer_than_half_a_round_splits_the_starts():
-    assert time_cohorts([0.0, 1.0, 2.5, 9.0], round_s=20.0) == 1
-    assert time_cohorts([0.0, 1.0, 12.0, 13.0], round_s=20.0) == 2
+def test_a_gap_longer_than_a_round_splits_the_starts():
+    assert time_cohorts([0.0, 1.0, 12.5, 19.0], round_s=20.0) == 1
+    assert time_cohorts([0.0, 1.0, 22.0, 23.0], round_s=20.0) == 2
     assert time_cohorts([], round_s=20.0) == 0
 
 
@@ -32,8 +32,8 @@ def test_two_halves_are_two_cohorts_and_one_swarm_is_one():
     halves = [
         _node("a", 0.0, ["b"]),
         _node("b", 0.5, ["a"]),
-        _node("c", 11.0, ["d"]),
-        _node("d", 11.5, ["c"]),
+        _node("c", 21.0, ["d"]),
+        _node("d", 21.5, ["c"]),
     ]
     assert cohorts(halves, 2, 3) == {"time_cohorts": 2, "trained_components": 2}
     one = [

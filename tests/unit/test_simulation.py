@@ -1,17 +1,21 @@
 """The data-plane simulation (#27): its event loop, counts a hand can check, how each protocol's per-node
-work grows with the swarm, what silent holders cost, and the adapter to loopback runs."""
+work grows with the swarm, what silent holders cost, the code's ring, round budget and roster pages, and the
+adapter to loopback runs."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 
+from swarmnode.experiment.sim_load import dht_keys_per_round
 from swarmnode.experiment.sim_node import Batch, EventLoop
 from swarmnode.experiment.sim_scenario import Protocol, Scenario
 from swarmnode.experiment.sim_validation import compare, loopback_per_node, per_node_from_metrics
 from swarmnode.experiment.simulation import Simulation, simulate
-from swarmnode.swarm.exchange import puller, standing
+from swarmnode.swarm.exchange import fanout, puller, service, standing
+from swarmnode.swarm.wire import dht_rules
 
 QUICK = dict(churn_per_min=0.0, silent_share=0.0, rtt_s=0.05, round_s=20.0, deadline_s=10.0)
 
@@ -114,3 +118,61 @@ def test_the_adapter_reads_per_node_counts_from_metrics_records_and_a_latency_re
     }
     verdicts = {name: ok for name, _, _, ok in compare({"pulls": 7.4, "bytes_in": 4000.0}, counts)}
     assert verdicts["pulls"] and not verdicts["bytes_in"] and not verdicts["notices_sent"]
+
+
+def _started(nodes: int, protocol: Protocol, until: float, **changes) -> Simulation:
+    scenario = Scenario(nodes=nodes, observers=4, rounds=6, **(QUICK | changes))
+    sim = Simulation(scenario, protocol)
+    sim.start()
+    sim.loop.run(until)
+    return sim
+
+
+def test_on_the_ring_every_node_receives_exactly_d_notices_a_wave_and_the_senders_rotate():
+    sim = _started(32, Protocol.bounded(), until=2 * QUICK["round_s"])  # each node has published
+    d = fanout.NOTICE_FANOUT
+
+    def received() -> Counter:
+        return Counter(peer for author in range(32) for peer in sim.ring_targets(author))
+
+    first = {author: sim.ring_targets(author) for author in range(32)}
+    assert all(len(set(targets)) == d and author not in targets for author, targets in first.items())
+    assert set(received().values()) == {d}
+    sim.loop.run(sim.loop.now + fanout.NOTICE_ROTATION_S)
+    assert set(received().values()) == {d}
+    assert all(sim.ring_targets(author) != first[author] for author in range(32))
+
+
+def test_the_ring_leaves_out_silent_members_who_never_earn_standing():
+    sim = _started(64, Protocol.bounded(), until=2 * QUICK["round_s"], silent_share=0.3)
+    silent = {n for n in range(64) if sim.silent[n]}
+    assert silent and not silent & {p for a in range(64) for p in sim.ring_targets(a)}
+
+
+def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_probation_outside_k():
+    sim = _started(40, Protocol.bounded(), until=0.0, round_s=1000.0, warmup_rounds=0)  # rounds: later
+    observer = next(iter(sim.observers.values()))
+    k = Protocol.bounded().pulls_per_round(sim.scenario.j)
+    authors = [n for n in range(40) if n != observer.id]
+    observer.standing = set(authors[: k + 3])
+    observer.window_opened = 5.0
+    sim.loop.run(6.0)
+    old = Batch(0, authors[0], 4.0, silent=False, informative=4)  # of the last wave: dropped
+    fresh = [Batch(1 + i, a, 6.0, silent=False, informative=4) for i, a in enumerate(authors[1 : k + 3])]
+    newcomers = [Batch(100 + i, a, 6.0, False, 4) for i, a in enumerate(authors[k + 3 : k + 6])]
+    for batch in [old, *fresh, *newcomers]:
+        observer.hear(batch, "notice")
+    sim.loop.run(20.0)
+    assert observer.window_pulls == k
+    assert sum(observer.id in b.verified_by for b in fresh) == k and observer.id not in old.verified_by
+    assert all(observer.id in b.verified_by for b in newcomers)  # probation: outside K
+    assert sim.tallies["dropped"] == 1 + 2  # the old one, and the two past K
+
+
+def test_a_roster_page_reads_two_of_the_eight_shards_so_a_quarter_of_a_full_reads_cards():
+    result = simulate(Scenario(nodes=16, observers=4, rounds=3, warmup_rounds=1, **QUICK), Protocol.today())
+    for nodes in (16, 1000):
+        sized = replace(result, scenario=replace(result.scenario, nodes=nodes))
+        full = dht_keys_per_round(sized)["cards_read"]
+        paged = dht_keys_per_round(replace(sized, protocol=Protocol.bounded()))["cards_read"]
+        assert paged / full == pytest.approx(service.ROSTER_PAGE_SHARDS / dht_rules.ROSTER_SHARDS)
