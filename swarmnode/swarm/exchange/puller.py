@@ -23,7 +23,8 @@ takes only batches announced in that round's window; once it is spent, the batch
 heard of later are *dropped*, not deferred (a batch pulled in a later round would be stale: the first try
 at these bounds deferred, and batches reached the nodes that trained on them 4.7 s after publishing,
 docs/scaling.md), and ``state.pulls_done_round`` tells the round that nothing more is coming. Within the
-budget the freshest batches go first.
+budget the freshest batches go first. Authors without standing have a share of their own per round (the
+budget's exploration share); past it their batches wait, pending, for a later round's.
 
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
@@ -235,6 +236,7 @@ class Puller:
     def start_pulls(self) -> None:
         """Start pulls for pending batches, in ``_pull_order``, while slots (and the round's budget) last."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
+        few_peers = self.roster.standing_count() < max(self.budget.k // PULLS_PER_PEER_GROUP, 1)  # < J
         for key, pending, standing in self._pull_order():
             if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
@@ -254,10 +256,14 @@ class Puller:
                 continue
             if not standing and not self.verifier.can_score(pending.author):
                 continue
+            if not standing and first_pull and self.budget.exploration_spent(few_peers):
+                continue  # pending for a later round's share
             pending.pulling = True
             pending.attempts[holder] += 1
-            if standing and first_pull:
+            if first_pull and standing:
                 self.budget.charge()
+            elif first_pull:
+                self.budget.charge_exploration()
             self._in_flight[standing] += 1
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()

@@ -1,5 +1,10 @@
 """A round's pull budget (#27): K first pulls of batches of authors with standing per round of this node,
-and only of batches announced in the round's own window (exchange/puller.py uses it).
+and only of batches announced in the round's own window (exchange/puller.py uses it); and a share of its
+own for authors without standing, the newcomers' first chances: K // EXPLORATION_DIVISOR first pulls a
+round, or K while this node knows fewer than J peers with standing (a swarm's start, a node that lost its
+peers). Without that share a node pulled every newcomer's batch in the round it heard of it, so its work
+grew with the number of identities joining (silent Sybils: one pull timeout each) rather than with J;
+past the share a newcomer's batch stays pending (bounded: standing.PROBATION_PENDING) for a later round.
 
 A round's window opens when the last exchange ends (``ExchangeState.open_round``). A batch announced
 before that belongs to the last wave; heard of only now (by the DHT poll, seconds after the notices), it
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 from swarmnode.swarm.exchange.state import ExchangeState
 
+EXPLORATION_DIVISOR = 4  # first pulls of authors without standing a round: K // this (at least 1)
+
 
 class RoundBudget:
     def __init__(self, k: int, state: ExchangeState):
@@ -22,12 +29,13 @@ class RoundBudget:
         self.round = -1  # the round whose window is open
         self._opened = 0.0  # when it opened (``state.round_opened``; 0: the node's first round)
         self._used = 0  # first pulls started in it
+        self._explored = 0  # ... and of authors without standing
 
     def _roll(self) -> None:
         with self._state.lock:
             round_, opened = self._state.round, self._state.round_opened
         if round_ != self.round:
-            self.round, self._opened, self._used = round_, opened, 0
+            self.round, self._opened, self._used, self._explored = round_, opened, 0, 0
 
     def spent(self, announced_ts: float) -> bool:
         """Whether a batch announced at ``announced_ts`` is not to be pulled: of the last wave, or past K."""
@@ -43,3 +51,14 @@ class RoundBudget:
         """This round's K have all started."""
         self._roll()
         return self._used >= self.k
+
+    def exploration_spent(self, few_peers: bool) -> bool:
+        """Whether this round's first pulls of authors without standing are used up: K of them while
+        ``few_peers`` (fewer than J peers with standing known), K // EXPLORATION_DIVISOR otherwise."""
+        self._roll()
+        return self._explored >= (self.k if few_peers else max(self.k // EXPLORATION_DIVISOR, 1))
+
+    def charge_exploration(self) -> None:
+        """A first pull of an author without standing started."""
+        self._roll()
+        self._explored += 1

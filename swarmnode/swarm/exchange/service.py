@@ -96,7 +96,7 @@ class ExchangeService:
         )  # fmt: skip
         self.inbox = Inbox(
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),
-            self._read_roster_now.set, self._wake.set,
+            self.read_roster_soon, self._wake.set,
         )  # fmt: skip
         self.notices = NoticeReceiver(
             self.inbox.add_notice, allow=lambda peer: not book.is_banned(peer), origins=origins
@@ -125,6 +125,11 @@ class ExchangeService:
         for thread in self._threads:
             thread.join(timeout_s)
         self.puller.stop()
+
+    def read_roster_soon(self) -> None:
+        """Ask for the next roster page at once (the start's wait for peers: pages every ROSTER_MIN_GAP_S
+        while it waits, as parked notices get)."""
+        self._read_roster_now.set()
 
     def refresh_roster(self, shards: list[int] | None = None) -> set[str]:
         """Read these roster shards now (None: every shard, as a test or a start may; the reader thread

@@ -33,6 +33,7 @@ def world(tmp_path, bank, monkeypatch):
         net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, book=parts.book,
         service=service, swarm_id=swarm_id,
         authors=lambda n, standing=False, **kw: _authors(parts, bank, n, standing, **kw),
+        start=lambda: _start(service),
     )  # fmt: skip
     yield world
     service.stop()
@@ -44,3 +45,11 @@ def _authors(parts, bank, n: int, standing: bool, **kw) -> list[Author]:
     for author in authors if standing else []:
         parts.book.reward(author.peer_id)
     return authors
+
+
+def _start(service: ExchangeService) -> None:
+    """Read every roster shard, then start the service: it reads the roster in pages, and a test about
+    what is pulled should not depend on which page an author's card is in (test_roster_pages.py tests
+    the pages)."""
+    service.refresh_roster()
+    service.start()

@@ -47,8 +47,7 @@ def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(wor
     for author in authors:
         _, data = author.publish()
         sizes[author.peer_id] = len(data)
-    world.service.refresh_roster()  # every author known before the first poll: all pulls start at once
-    world.service.start()
+    world.start()
     assert wait_until(lambda: received(world) == n, 20), world.state.counters
     assert world.net.max_in_flight == puller.MAX_PARALLEL_PULLS
     assert {(peer, timeout) for peer, _, timeout in world.net.calls} == {
@@ -61,7 +60,7 @@ def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again
     silent, *honest = world.authors(4, standing=True)
     world.net.behaviour[silent.peer_id] = "silent"
     silent.publish()
-    world.service.start()
+    world.start()
     assert wait_until(lambda: len(world.net.calls) >= 1, 5)
     for author in honest:
         author.publish()
@@ -93,7 +92,7 @@ def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
     author, holder = world.authors(2)
     world.net.behaviour[author.peer_id] = "unreachable"
     record, _ = author.publish(announce=False)  # known only from the holder's notice
-    world.service.start()
+    world.start()
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     assert world.service.inbox.add_notice(record, author.peer_id, holder.peer_id)
     assert wait_until(lambda: received(world) == 1, 10)
@@ -105,7 +104,7 @@ def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
 
 def test_a_batch_published_while_the_round_loop_is_busy_is_pooled_before_the_exchange(world):
     (author,) = world.authors(1)
-    world.service.start()
+    world.start()
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     author.publish()  # while this node is "training": nobody takes from the pool
     assert wait_until(lambda: world.state.pool.can_fill(1, since_round=0), 5)
@@ -132,7 +131,7 @@ def test_a_notice_from_a_peer_that_just_joined_waits_for_one_roster_read(world, 
     """The author's card went into the DHT after our last roster read: its notice is parked, the roster
     read at once, and the batch pulled; a notice whose author has no card is dropped as unknown_author."""
     monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 30.0)
-    world.service.start()
+    world.start()
     assert wait_until(lambda: world.roster.reads >= 1, 5)
     (author,) = world.authors(1)  # its card is stored now
     record, _ = author.publish(announce=False)
@@ -158,7 +157,7 @@ def test_a_slow_dht_read_holds_up_neither_notices_nor_pulls(world):
     """DHT reads run on their own thread: while one takes seconds (a loaded host), a notice is checked
     and its batch pulled and verified at once."""
     (author,) = world.authors(1)
-    world.service.start()
+    world.start()
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     world.net.read_delay_s = 3.0
     time.sleep(0.5)  # a roster read or a poll is under way now, and the next one too
@@ -204,8 +203,7 @@ def test_a_notice_is_pulled_while_earlier_batches_are_still_being_verified(world
     for author in early:  # noticed before the service runs: all five pulled at once, done together
         record, _ = author.publish(announce=False)
         assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
-    world.service.refresh_roster()  # the authors are known (their cards read): no notice is parked
-    world.service.start()
+    world.start()
     assert wait_until(lambda: received(world) >= 1, 5)  # verifying: four more wait, 1.2 s of work
     record, _ = late.publish(announce=False)
     noticed = time.monotonic()
@@ -223,7 +221,7 @@ def test_a_notice_that_carries_its_authors_card_needs_no_roster_read(world, monk
     monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 30.0)
     author, impostor = world.authors(2)
     world.net.store.clear()  # no roster read will ever show them
-    world.service.start()
+    world.start()
     assert wait_until(lambda: world.roster.reads >= 1, 5)
     record, _ = author.publish(announce=False)
     assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id, author.card_record)
@@ -253,7 +251,7 @@ def test_a_parked_notice_does_not_make_the_dht_reader_spin(world, bank):
     """A notice from an unknown author asks for an early roster read, at most every ROSTER_MIN_GAP_S; the
     reader used to wait on the request it had been given until then, so it spun (the outside attacker:
     45% of a core at one junk notice a second; honest newcomers trigger it too)."""
-    world.service.start()
+    world.start()
     reader = next(thread for thread in threading.enumerate() if thread.name == "swarm-dht-reader")
     clock = time.pthread_getcpuclockid(reader.ident)
     cpu_before, started = time.clock_gettime(clock), time.monotonic()

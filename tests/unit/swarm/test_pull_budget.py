@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 
 from swarmnode.experiment.waiting import wait_until
-from swarmnode.swarm.exchange import fanout, puller
+from swarmnode.swarm.exchange import fanout, puller, round_budget
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
 from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.standing import PROBATION_PENDING
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.swarm import _wait_over
 from swarmnode.swarm.wire import codec
@@ -34,8 +35,7 @@ def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_
     authors = world.authors(SWARM_OVER_BUDGET * budget, standing=True)
     for author in authors:
         author.publish()
-    world.service.refresh_roster()  # every author known before the first poll finds their batches
-    world.service.start()
+    world.start()
     assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
     time.sleep(3 * 0.2)  # three more polls (the world's interval) find every batch again
     assert len(world.net.calls) == received(world) == budget  # the old code pulled all of them
@@ -60,7 +60,7 @@ def test_within_the_budget_the_freshest_batches_are_pulled(world):
     for author in authors:  # oldest first, a clock tick apart
         author.publish()
         time.sleep(0.02)
-    world.service.start()
+    world.start()
     assert wait_until(lambda: world.state.pulls_done_round == 0, 20)
     assert set(pulled_authors(world)) == {a.peer_id for a in authors[-2:]}
 
@@ -70,7 +70,7 @@ def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
     world.net.serve_delay_s = 0.5
     for author in world.authors(4, standing=True):
         author.publish()
-    world.service.start()
+    world.start()
     assert wait_until(lambda: len(world.net.calls) == 2, 10)
     assert world.state.pulls_done_round == -1  # both pulls still in flight: more may arrive
     assert wait_until(lambda: world.state.pulls_done_round == 0, 10)
@@ -78,15 +78,36 @@ def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
 
 
 def test_authors_without_standing_are_not_charged_to_the_budget(world):
-    """Newcomers keep their own probation share (exchange/standing.py), so a spent budget never locks
-    them out, and they never eat the budget of the peers a node trains on."""
-    world.service.puller.budget.k = 1
+    """Newcomers have a share of their own (round_budget.py), so they never eat the budget of the peers a
+    node trains on; while it knows fewer than J peers with standing, that share is all of K."""
     authors = world.authors(4)  # none has standing yet
     for author in authors:
         author.publish()
-    world.service.start()
+    world.start()
     assert wait_until(lambda: received(world) == 4, 20), world.state.counters
     assert world.service.puller.dropped["round_budget"] == 0
+    assert not world.service.puller.budget.round_spent()
+
+
+def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_number(world):
+    """The worst case: far more newcomers (or Sybils with their identity work done) than K announce at
+    once, to a node that knows J peers with standing. A round starts K // EXPLORATION_DIVISOR of their
+    first pulls; the others wait, pending within PROBATION_PENDING, for the next rounds' shares. The old
+    code started all of them in the round it heard of them."""
+    budget = world.service.puller.budget
+    world.authors(WORLD_PEER_GROUPS, standing=True)  # known, with standing, publishing nothing
+    newcomers = world.authors(SWARM_OVER_BUDGET * budget.k)
+    for author in newcomers:
+        author.publish()
+    world.start()
+    share = budget.k // round_budget.EXPLORATION_DIVISOR
+    assert wait_until(lambda: received(world) == share, 20), world.state.counters
+    time.sleep(3 * 0.2)  # three more polls: nothing more this round
+    assert len(world.net.calls) == received(world) == share  # the old code: all 40
+    assert len(world.service.puller.pending) == min(len(newcomers) - share, PROBATION_PENDING)
+    world.state.open_round(1)
+    world.service.puller.start_pulls()
+    assert wait_until(lambda: received(world) == 2 * share, 20), world.state.counters
 
 
 def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
@@ -132,7 +153,7 @@ def test_a_batch_of_the_last_wave_heard_of_late_never_takes_this_rounds_budget(w
     first, late, fresh = world.authors(2, standing=True), world.authors(2, standing=True), world.authors(2)
     for author in first:
         author.publish()
-    world.service.start()
+    world.start()
     assert wait_until(lambda: received(world) == 2, 20)  # round 0's two pulls
     late_records = [author.publish(announce=False)[0] for author in late]  # announced in round 0 ...
     time.sleep(0.05)

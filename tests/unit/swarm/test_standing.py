@@ -57,7 +57,7 @@ def test_512_silent_sybil_authors_starve_no_honest_batch(world, bank):
     """The outside attacker's pull starvation: silent Sybil authors announced ahead of 7 honest batches."""
     honest = world.authors(7, standing=True)
     flood = sybils(world, bank)
-    world.service.start()
+    world.start()
     for sybil in flood:  # every notice carries its author's card and a batch it never serves
         notify(world, sybil.announcement(), sybil.peer_id, sybil.peer_id, sybil.card_record)
     started = time.monotonic()
@@ -80,7 +80,7 @@ def test_a_silent_sybil_has_one_first_chance_then_comes_after_every_newcomer(wor
     of identities still on their first chance, and make room for them when the probation share is full."""
     monkeypatch.setattr(puller, "PROBATION_PULLS", 1)  # one worker: the order is what the test sees
     sybil, *flood = sybils(world, bank, PROBATION_PENDING + 2)
-    world.service.start()
+    world.start()
     notify(world, sybil.announcement(), sybil.peer_id, sybil.peer_id, sybil.card_record)
     assert wait_until(lambda: world.roster.failed_probation(sybil.peer_id), 5)
     assert world.net.calls[0][0] == sybil.peer_id  # one try, with the short timeout
@@ -121,7 +121,7 @@ def test_a_tampering_holder_is_charged_and_the_next_holder_serves_the_batch(worl
     world.net.behaviour[author.peer_id] = "unreachable"
     world.net.behaviour[tamperer.peer_id] = "tamper"
     record, _ = author.publish(announce=False)
-    world.service.start()
+    world.start()
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     notify(world, record, author.peer_id, tamperer.peer_id)
     notify(world, record, author.peer_id, holder.peer_id)
