@@ -1,6 +1,7 @@
 """#27's bounds on a node's work a round, whatever the swarm's size: at most K = 2 J batches of authors
 with standing pulled (and verified) a round, the freshest first, the rest dropped rather than deferred, and
-a new batch's notice pushed to NOTICE_FANOUT peers, not to the whole roster.
+a new batch's notice pushed to NOTICE_FANOUT peers, not to the whole roster; nothing received passed on
+(the hop limit is 1); authors without standing a bounded share of first pulls a round.
 
 The worst case is a swarm far larger than K whose every peer has standing and publishes at once. The data
 plane is the real one on the scripted network (tests/helpers/scripted_net.py: no libp2p daemon in a unit
@@ -18,6 +19,7 @@ from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.standing import PROBATION_PENDING
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.swarm import _wait_over
+from swarmnode.swarm.net.reachability import HOLDER_OFFER_FANOUT
 from swarmnode.swarm.wire import codec
 from tests.helpers.scripted_net import received
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
@@ -181,3 +183,22 @@ def test_the_rounds_wait_says_what_ended_it(tmp_path):
     assert _wait_over({"a", "b"}, state, 0, 4, later) == "budget"
     state.settled |= {"a", "b"}
     assert _wait_over({"a", "b"}, state, 0, 4, later) == "settled"
+
+
+def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_times_their_fanout(world):
+    """The hop limit is 1: a node never forwards a notice it received. What it sends beyond its own publish
+    is "I hold this" offers for batches it verified, to at most HOLDER_OFFER_FANOUT live peers behind NAT
+    each (net/reachability.py); with K verifications a round, a sender pushing any number of notices makes
+    the node send at most K x HOLDER_OFFER_FANOUT. The old code verified (and offered) all 40."""
+    budget = world.service.puller.budget.k
+    behind_nat = world.authors(3 * HOLDER_OFFER_FANOUT)  # in the roster, publishing nothing
+    authors = world.authors(SWARM_OVER_BUDGET * budget, standing=True)
+    for author in authors:
+        record, _ = author.publish(announce=False)
+        assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    world.service.dialback.behind_nat = frozenset(peer.peer_id for peer in behind_nat)
+    world.start()
+    assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
+    time.sleep(3 * 0.2)
+    assert received(world) == budget
+    assert world.net.stats.get("notices_sent", 0) == budget * HOLDER_OFFER_FANOUT
