@@ -77,8 +77,9 @@ def test_an_initial_peer_that_answers_as_another_peer(tmp_path: Path) -> None:
 
 def test_initial_peers_where_nothing_answers_are_named_within_seconds(tmp_path: Path) -> None:
     """A port nobody listens on (bound here, never listening, so nothing else takes it): one line names
-    the address within EARLY_S, before the model loads; the start then tries the DHT and ends in its own
-    error, since a bootstrap started at the same moment may need those seconds."""
+    the address within EARLY_S, before the model loads, and the start goes on (the DHT start tries the
+    peers again and ends in its own error: a bootstrap started at the same moment may need those seconds).
+    The node is ended here, by its PID, once the line is read."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         addr = f"/ip4/127.0.0.1/tcp/{silent.getsockname()[1]}/p2p/{PEER_ID}"
@@ -94,10 +95,10 @@ def test_initial_peers_where_nothing_answers_are_named_within_seconds(tmp_path: 
         try:
             first = proc.stderr.readline()
             took = time.monotonic() - start
-            rest = proc.communicate(timeout=90)[1]
+            going_on = proc.poll() is None
         finally:
             proc.kill()
             proc.wait()
-    assert "swarm.initial_peers: nothing answers yet" in first and addr in first, first + rest
+    assert "swarm.initial_peers: nothing answers yet" in first and addr in first, first
     assert took < EARLY_S, f"{took:.1f}s: {first}"
-    assert proc.returncode == 2 and "none of the initial peers answered" in rest, rest
+    assert going_on, "the start ended at the line instead of trying the peers again"
