@@ -208,9 +208,10 @@ class ExchangeService:
 
     def _roster_page(self) -> list[int]:
         """The ROSTER_PAGE_SHARDS shards the next roster read takes: those of parked notices' authors
-        first (a peer that just joined), the rest in turn (module constants)."""
+        first (a peer that just joined), but never all of the page, so that notices naming unknown authors
+        in every shard cannot stop the turn (and peers' cards would go unread); the rest in turn."""
         page = list(dict.fromkeys(dht_rules.roster_shard(a) for a in self.inbox.parked_authors()))
-        page = page[:ROSTER_PAGE_SHARDS]
+        page = page[: ROSTER_PAGE_SHARDS - 1]
         while len(page) < min(ROSTER_PAGE_SHARDS, dht_rules.ROSTER_SHARDS):
             shard = self._roster_next_shard
             self._roster_next_shard = (shard + 1) % dht_rules.ROSTER_SHARDS

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.identity import Identity
-from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.service import ROSTER_PAGE_SHARDS
 from swarmnode.swarm.wire import dht_rules
 from tests.helpers.scripted_net import signed_card
@@ -54,8 +53,7 @@ def test_a_full_roster_is_read_in_pages_and_every_card_is_still_found(world):
     assert sorted(first_pass) == sorted(dht_rules.roster_keys(world.swarm_id))
 
 
-def test_a_parked_notices_author_has_its_shard_read_first(world, monkeypatch):
-    monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 60.0)  # only the first pass, then asked reads
+def test_a_parked_notices_author_has_its_shard_read_first(world):
     newcomer = Identity.generate()
     shard = dht_rules.roster_shard(newcomer.peer_id)
     world.service.inbox.parked_authors = lambda: [newcomer.peer_id]
@@ -63,3 +61,17 @@ def test_a_parked_notices_author_has_its_shard_read_first(world, monkeypatch):
     world.service.inbox.parked_authors = lambda: []
     turns = [world.service._roster_page() for _ in range(dht_rules.ROSTER_SHARDS // ROSTER_PAGE_SHARDS)]
     assert sorted(s for page in turns for s in page) == list(range(dht_rules.ROSTER_SHARDS))
+
+
+def test_notices_naming_unknown_authors_in_every_shard_cannot_stop_the_turn(world):
+    """The worst case for the parked-first rule: a sender keeps a notice of an unknown author parked in
+    every shard. Parked shards never take the whole page, so every shard is still read within
+    ROSTER_SHARDS pages (and the cards of the peers there stay fresh)."""
+    strangers = {}
+    while len(strangers) < dht_rules.ROSTER_SHARDS:
+        identity = Identity.generate()
+        strangers.setdefault(dht_rules.roster_shard(identity.peer_id), identity.peer_id)
+    world.service.inbox.parked_authors = lambda: list(strangers.values())
+    pages = [world.service._roster_page() for _ in range(dht_rules.ROSTER_SHARDS)]
+    assert all(len(page) == ROSTER_PAGE_SHARDS for page in pages)
+    assert {shard for page in pages for shard in page} == set(range(dht_rules.ROSTER_SHARDS))
