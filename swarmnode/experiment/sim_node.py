@@ -6,9 +6,10 @@ first-come-first-served worker pool (a node's verifier thread). An ``Observer`` 
 or its DHT poll), keeps them pending in three queues (authors with standing; without; without and whose
 first chance failed), pulls them on the workers of each share within the protocol's caps and round budget
 (``Protocol.k_scope``: in the target, at most K a round with an exploration share; in the code, K first
-pulls of authors with standing in the round's window), verifies them one at a time, and ends each round's
-exchange when its pool holds J usable groups (at most ``producer_share`` of J from one author), when the
-code's K pulls have all ended, or at the deadline. It reaches the swarm only through its ``sim``
+pulls of authors with standing in the round's window, and K // 4 of the others a round, the rest of those
+pending for later rounds), verifies them one at a time, and ends each round's exchange when its pool holds
+J usable groups (at most ``producer_share`` of J from one author), when the code's K pulls have all
+ended, or at the deadline. It reaches the swarm only through its ``sim``
 (``simulation.Simulation``): the protocol and scenario, the clock, ``pull_outcome``, ``publish``,
 ``poll_members`` and the tallies.
 """
@@ -102,6 +103,7 @@ class Observer:
         self.pulls_round = self.probation_round = 0  # k_scope "all": the round's pulls, and of them probation
         self.window_opened = 0.0  # k_scope "standing": the round's window opened (the last exchange ended)
         self.window_pulls = 0  # ... and first pulls of authors with standing started since
+        self.window_explored = 0  # ... and of authors without (Protocol.exploration_divisor)
         self.verifier = Server(sim.loop)
         self.pool: list[tuple[float, Batch]] = []
         self.waiting_since: float | None = None
@@ -165,6 +167,10 @@ class Observer:
     def start_pulls(self) -> None:
         sim, proto = self.sim, self.sim.protocol
         k = proto.pulls_per_round(sim.scenario.j) if proto.k_scope == "all" else None  # K caps every pull
+        if proto.exploration_divisor:  # batches left pending: the code gives up the expired ones first
+            stale = sim.loop.now - sim.ttl_s
+            if any(b.published < stale for queue in self.queues.values() for b in queue):
+                self._drop_pending(lambda b: b.published < stale)
         while k is None or self.pulls_round < k:
             batch, share = self._next(k)
             if batch is None:
@@ -179,6 +185,7 @@ class Observer:
             self.pulls_round += 1
             self.probation_round += share == "probation"
             self.window_pulls += share == "standing"
+            self.window_explored += share == "probation"
             sim.tally(self, "pulls")
             batch.pulls += 1
             delay, ok = sim.pull_outcome(batch, share)
@@ -199,10 +206,27 @@ class Observer:
         if k is not None and len(self.standing) >= self.sim.scenario.j:
             if self.probation_round >= math.ceil(proto.exploration_share * k):
                 return None, ""
+        if self._exploration_spent():
+            return None, ""  # pending for a later round's share
         for name in ("probation", "failed"):
             if self.queues[name]:
                 return take(self.queues[name]), "probation"
         return None, ""
+
+    def _exploration_spent(self) -> bool:
+        """k_scope "standing" with an exploration share: this round's first pulls of authors without
+        standing are used up (K // 4 of them, or K while this node knows fewer than J peers with standing:
+        ``Roster.standing_count``, here its live view members with standing)."""
+        proto, j = self.sim.protocol, self.sim.scenario.j
+        share = proto.explorations_per_round(j, few_peers=False)
+        if share is None or self.window_explored < share:
+            return False
+        return self.window_explored >= proto.explorations_per_round(j, few_peers=self._standing_count() < j)
+
+    def _standing_count(self) -> int:
+        sim = self.sim
+        members = sim.views[self.id] if sim.views else self.standing
+        return sum(1 for m in members if m in self.standing and sim.alive[m])
 
     def pulled(self, batch: Batch, share: str, ok: bool) -> None:
         if not self.alive:
@@ -223,12 +247,24 @@ class Observer:
             return
         self.sim.tally(self, "verifications")
         batch.verified_by[self.id] = self.sim.loop.now
+        if batch.author not in self.standing and self.sim.protocol.k_scope == "standing":
+            self._refile(batch.author)
         self.standing.add(batch.author)
         self.pool.append((self.sim.loop.now, batch))
         if self.waiting_since is not None and self.can_fill():
             self.end_exchange()
         else:
             self._end_soon_if_budget_done()
+
+    def _refile(self, author: int) -> None:
+        """k_scope "standing": an author that just earned standing; its batches pending without it go to
+        the standing queue (the code sorts by standing when it starts pulls), where the window rule and K
+        apply to them."""
+        for name in ("probation", "failed"):
+            moved = [b for b in self.queues[name] if b.author == author]
+            if moved:
+                self.queues[name] = deque(b for b in self.queues[name] if b.author != author)
+                self.queues["standing"].extend(moved)
 
     def _budget_done(self) -> bool:
         """k_scope "standing": the round's K first pulls started, ended and were verified; nothing more
@@ -302,8 +338,10 @@ class Observer:
             need -= min(batch.informative, cap)
             batch.used_by[self.id] = sim.loop.now
         sim.end_round(self, need <= 0, sim.loop.now - self.exchange_started)
-        self.window_opened, self.window_pulls = sim.loop.now, 0
+        self.window_opened, self.window_pulls, self.window_explored = sim.loop.now, 0, 0
         sim.loop.after(sim.train_s(self.id), self.start_round)
+        if sim.protocol.k_scope == "standing":
+            self.start_pulls()  # the new round's shares (the code starts pulls on every wake of its loop)
 
     # -- the DHT poll ------------------------------------------------------------------------------
     def poll(self) -> None:

@@ -4,9 +4,9 @@ network it runs on (``Scenario``), for ``swarmnode.experiment.simulation``.
 ``Protocol.today()`` takes every cap, timer and worker count from the code that owns it (exchange/puller,
 service, standing, pool, roster; net/notices; wire/dht_rules), so the model follows the code's values;
 ``Protocol.bounded()`` is the code since #27's bounds (notices to D peers on a ring, K pulls of authors
-with standing in the round's window, the roster read in pages); ``Protocol.target()`` is #27's design: a
-bounded view of V peers, gossip to D of them with a hop limit H, at most K = k_factor x J pulls a round
-with an exploration share.
+with standing in the round's window, a share of K // 4 a round for the others, the roster read in pages);
+``Protocol.target()`` is #27's design: a bounded view of V peers, gossip to D of them with a hop limit H,
+at most K = k_factor x J pulls a round with an exploration share.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from swarmnode.config import SwarmConfig
-from swarmnode.swarm.exchange import fanout, pool, puller, roster, service, standing
+from swarmnode.swarm.exchange import fanout, pool, puller, roster, round_budget, service, standing
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.wire import dht_rules
 
@@ -40,6 +40,10 @@ class Protocol:
     # (the code: exchange/round_budget.py)
     k_scope: str = "all"
     exploration_share: float = 0.25  # of K, for authors without standing (k_scope "all")
+    # k_scope "standing": first pulls of authors without standing a round (a round: from one exchange's end
+    # to the next), K // this (at least 1), all K while the node knows fewer than J peers with standing;
+    # the rest stay pending for a later round's share (round_budget.py). 0: no share, every one pulled
+    exploration_divisor: int = 0
     max_pending: int = puller.MAX_PENDING
     probation_pending: int = standing.PROBATION_PENDING
     pending_per_author: int = standing.PENDING_PER_AUTHOR
@@ -69,12 +73,13 @@ class Protocol:
     def bounded(cls) -> Protocol:
         """The code since #27's bounds: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
-        first pulls of authors with standing a round, of batches announced in its window; a page of
-        ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
+        first pulls of authors with standing a round, of batches announced in its window, and K //
+        ``EXPLORATION_DIVISOR`` of authors without (K while fewer than J peers with standing are known);
+        a page of ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
         return cls(
             name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
-            roster_keys_read=service.ROSTER_PAGE_SHARDS,
+            exploration_divisor=round_budget.EXPLORATION_DIVISOR, roster_keys_read=service.ROSTER_PAGE_SHARDS,
         )  # fmt: skip
 
     @classmethod
@@ -101,6 +106,15 @@ class Protocol:
 
     def pulls_per_round(self, j: int) -> int | None:
         return math.ceil(self.k_factor * j) if self.k_factor else None
+
+    def explorations_per_round(self, j: int, few_peers: bool) -> int | None:
+        """k_scope "standing": first pulls of authors without standing a round
+        (``RoundBudget.exploration_spent``), all of K while ``few_peers`` (fewer than J peers with
+        standing); None: no cap."""
+        k = self.pulls_per_round(j)
+        if self.k_scope != "standing" or not self.exploration_divisor or k is None:
+            return None
+        return k if few_peers else max(k // self.exploration_divisor, 1)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,9 @@ batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
   standing); pending batches older than the node's last exchange are dropped each round;
 - **bounded** (``Protocol.bounded()``, the code): the view is the roster; the publisher's D targets are
   on the ring of its peers with standing (``ring_targets``) and nobody forwards; K counts only authors with
-  standing, within the round's window (``sim_node.Observer``).
+  standing, within the round's window; authors without standing get K // ``EXPLORATION_DIVISOR`` first
+  pulls a round (all K while the node knows fewer than J peers with standing), the rest stay pending
+  (``sim_node.Observer``).
 
 Measured over a window (after ``warmup_rounds``, before the last round): notices per node and round are
 swarm-wide (sent: by honest nodes per honest publish; received: per publish of anyone), the rest are the
@@ -286,8 +288,9 @@ class Simulation:
         """The publisher's D targets as the code picks them (``fanout.notice_targets``, at the rotation of
         the simulated clock): on the ring of its view members with standing and itself, by peer id;
         members without standing fill in at random while the ring is short. A member has standing when it
-        is honest and has published: a node's probation share pulls every author it hears of, and one
-        verified batch gives standing."""
+        is honest and has published: one verified batch gives standing. An approximation since the code's
+        exploration share: a node gives standing to K // 4 new authors a round (the observers' own
+        standing is simulated), so the code's ring is of fewer members, not of every honest one."""
         view, count = self.views[author], self.protocol.fanout
         standing = [m for m in view if m in self.latest and not self.silent[m]]
         on_ring = set(standing)

@@ -14,7 +14,7 @@ from swarmnode.experiment.sim_node import Batch, EventLoop
 from swarmnode.experiment.sim_scenario import Protocol, Scenario
 from swarmnode.experiment.sim_validation import compare, loopback_per_node, per_node_from_metrics
 from swarmnode.experiment.simulation import Simulation, simulate
-from swarmnode.swarm.exchange import fanout, puller, service, standing
+from swarmnode.swarm.exchange import fanout, puller, round_budget, service, standing
 from swarmnode.swarm.wire import dht_rules
 
 QUICK = dict(churn_per_min=0.0, silent_share=0.0, rtt_s=0.05, round_s=20.0, deadline_s=10.0)
@@ -159,14 +159,38 @@ def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_pro
     sim.loop.run(6.0)
     old = Batch(0, authors[0], 4.0, silent=False, informative=4)  # of the last wave: dropped
     fresh = [Batch(1 + i, a, 6.0, silent=False, informative=4) for i, a in enumerate(authors[1 : k + 3])]
-    newcomers = [Batch(100 + i, a, 6.0, False, 4) for i, a in enumerate(authors[k + 3 : k + 6])]
+    share = k // round_budget.EXPLORATION_DIVISOR
+    newcomers = [Batch(100 + i, a, 6.0, False, 4) for i, a in enumerate(authors[k + 3 : k + 3 + share])]
     for batch in [old, *fresh, *newcomers]:
         observer.hear(batch, "notice")
     sim.loop.run(20.0)
     assert observer.window_pulls == k
     assert sum(observer.id in b.verified_by for b in fresh) == k and observer.id not in old.verified_by
-    assert all(observer.id in b.verified_by for b in newcomers)  # probation: outside K
+    assert all(observer.id in b.verified_by for b in newcomers)  # probation: their own share, outside K
     assert sim.tallies["dropped"] == 1 + 2  # the old one, and the two past K
+
+
+def test_the_codes_exploration_share_starts_k_over_4_newcomers_a_round_and_keeps_the_rest_for_later():
+    sim = _started(40, Protocol.bounded(), until=0.0, round_s=1000.0, warmup_rounds=0)  # rounds: later
+    settled, starting = list(sim.observers.values())[:2]
+    j, k = sim.scenario.j, Protocol.bounded().pulls_per_round(sim.scenario.j)
+    share = k // round_budget.EXPLORATION_DIVISOR
+    assert 3 * share <= 12 and k <= 12  # three rounds' shares, and all of K, among the 12 newcomers
+    authors = [n for n in range(40) if n not in (settled.id, starting.id)]
+    settled.standing = set(authors[:j])  # knows J peers with standing: K // 4 a round
+    starting.standing = set(authors[: j - 1])  # fewer than J: all of K
+    newcomers = [Batch(i, a, 1.0, silent=False, informative=4) for i, a in enumerate(authors[j : j + 12])]
+    for batch in newcomers:
+        settled.hear(batch, "notice")
+        starting.hear(batch, "notice")
+    sim.loop.run(5.0)
+    assert sum(settled.id in b.verified_by for b in newcomers) == share
+    assert sum(starting.id in b.verified_by for b in newcomers) == k
+    for rounds in (2, 3):  # the rest wait, pending, for the next rounds' shares
+        settled.end_exchange()
+        sim.loop.run(sim.loop.now + 5.0)
+        assert sum(settled.id in b.verified_by for b in newcomers) == rounds * share
+    assert sim.tallies["dropped"] == 0
 
 
 def test_a_roster_page_reads_two_of_the_eight_shards_so_a_quarter_of_a_full_reads_cards():
