@@ -39,9 +39,10 @@ def wilson(successes: float, n: int) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-def _gated(arm: dict) -> float:
+def _gated(arm: dict) -> str:
+    """The mean share of peer tokens a defence took out of the loss, over the arm's rounds."""
     values = [r.get("train_peer_gated_frac", 0.0) for r in arm["rounds"]]
-    return statistics.fmean(values) if values else float("nan")
+    return f"{statistics.fmean(values):.1%}" if values else "-"
 
 
 def attack_table(arms: list[dict]) -> str:
@@ -65,7 +66,7 @@ def attack_table(arms: list[dict]) -> str:
         done = "" if arm["complete"] else " (incomplete)"
         lines.append(
             f"| {arm['arm']}{done} | {arm['seed']} | " + " | ".join(cells)
-            + f" | {first['pass_at_1']:.3f} -> {last['pass_at_1']:.3f} | {_gated(arm):.1%} |"
+            + f" | {first['pass_at_1']:.3f} -> {last['pass_at_1']:.3f} | {_gated(arm)} |"
         )  # fmt: skip
     return "\n".join(lines)
 
