@@ -1,8 +1,8 @@
 """A round's pull budget (#27): K first pulls of batches of authors with standing per round of this node,
 and only of batches announced in the round's own window (exchange/puller.py uses it); and a share of its
-own for authors without standing, the newcomers' first chances: K // EXPLORATION_DIVISOR first pulls a
-round, or K while this node knows fewer than J peers with standing (a swarm's start, a node that lost its
-peers). Without that share a node pulled every newcomer's batch in the round it heard of it, so its work
+own for authors without standing new here, their first chances: K // EXPLORATION_DIVISOR a round, or K
+while this node knows fewer than J peers with standing (a swarm's start, a node that lost its peers).
+Without that share a node gave every new identity its first pull in the round it heard of it, so its work
 grew with the number of identities joining (silent Sybils: one pull timeout each) rather than with J;
 past the share a newcomer's batch stays pending (bounded: standing.PROBATION_PENDING) for a later round.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from swarmnode.swarm.exchange.state import ExchangeState
 
-EXPLORATION_DIVISOR = 4  # first pulls of authors without standing a round: K // this (at least 1)
+EXPLORATION_DIVISOR = 4  # first chances of new authors without standing a round: K // this (at least 1)
 
 
 class RoundBudget:
@@ -29,7 +29,7 @@ class RoundBudget:
         self.round = -1  # the round whose window is open
         self._opened = 0.0  # when it opened (``state.round_opened``; 0: the node's first round)
         self._used = 0  # first pulls started in it
-        self._explored = 0  # ... and of authors without standing
+        self._explored = 0  # ... and first chances of new authors without standing
 
     def _roll(self) -> None:
         with self._state.lock:
@@ -53,12 +53,12 @@ class RoundBudget:
         return self._used >= self.k
 
     def exploration_spent(self, few_peers: bool) -> bool:
-        """Whether this round's first pulls of authors without standing are used up: K of them while
+        """Whether this round's first chances of new authors without standing are used up: K of them while
         ``few_peers`` (fewer than J peers with standing known), K // EXPLORATION_DIVISOR otherwise."""
         self._roll()
         return self._explored >= (self.k if few_peers else max(self.k // EXPLORATION_DIVISOR, 1))
 
     def charge_exploration(self) -> None:
-        """A first pull of an author without standing started."""
+        """A new author without standing got its first pull."""
         self._roll()
         self._explored += 1

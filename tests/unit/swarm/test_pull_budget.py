@@ -202,3 +202,23 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
     time.sleep(3 * 0.2)
     assert received(world) == budget
     assert world.net.stats.get("notices_sent", 0) == budget * HOLDER_OFFER_FANOUT
+
+
+def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
+    """The share counts identities new here: a newcomer whose first chance was given (here it served
+    tampered bytes, so it has no standing) gets its next batch pulled though the round's share is spent;
+    its later batches are bounded per identity instead (strikes, the failed-probation order)."""
+    budget = world.service.puller.budget
+    world.authors(WORLD_PEER_GROUPS, standing=True)
+    share = budget.k // round_budget.EXPLORATION_DIVISOR
+    tried, *others = world.authors(share)
+    world.net.behaviour[tried.peer_id] = "tamper"
+    tried.publish()
+    world.start()
+    assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.state.counters
+    for author in others:
+        author.publish()
+    assert wait_until(lambda: received(world) == share - 1, 20), world.state.counters
+    assert budget.exploration_spent(few_peers=False) and not world.book.has_standing(tried.peer_id)
+    tried.publish()
+    assert wait_until(lambda: pulled_authors(world).count(tried.peer_id) == 2, 20), world.net.calls
