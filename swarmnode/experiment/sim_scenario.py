@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from swarmnode.config import SwarmConfig
-from swarmnode.swarm.exchange import fanout, pool, puller, roster, round_budget, service, standing
+from swarmnode.swarm.exchange import fanout, pool, puller, roster, service, standing
 from swarmnode.swarm.net import notices
 from swarmnode.swarm.wire import dht_rules
 
@@ -73,13 +73,13 @@ class Protocol:
     def bounded(cls) -> Protocol:
         """The code since #27's bounds: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
-        first pulls of authors with standing a round, of batches announced in its window, and K //
-        ``EXPLORATION_DIVISOR`` of authors without (K while fewer than J peers with standing are known);
-        a page of ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
+        first pulls of authors with standing a round, of batches announced in its window, and K of authors
+        without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the code new
+        authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
         return cls(
             name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
-            exploration_divisor=round_budget.EXPLORATION_DIVISOR, roster_keys_read=service.ROSTER_PAGE_SHARDS,
+            exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS,
         )  # fmt: skip
 
     @classmethod

@@ -17,9 +17,8 @@ batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
   standing); pending batches older than the node's last exchange are dropped each round;
 - **bounded** (``Protocol.bounded()``, the code): the view is the roster; the publisher's D targets are
   on the ring of its peers with standing (``ring_targets``) and nobody forwards; K counts only authors with
-  standing, within the round's window; authors without standing get K // ``EXPLORATION_DIVISOR`` first
-  pulls a round (all K while the node knows fewer than J peers with standing), the rest stay pending
-  (``sim_node.Observer``).
+  standing, within the round's window; authors without standing get K first pulls a round of their own,
+  the rest stay pending (``sim_node.Observer``).
 
 Measured over a window (after ``warmup_rounds``, before the last round): notices per node and round are
 swarm-wide (sent: by honest nodes per honest publish; received: per publish of anyone), the rest are the

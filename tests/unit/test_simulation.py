@@ -14,7 +14,7 @@ from swarmnode.experiment.sim_node import Batch, EventLoop
 from swarmnode.experiment.sim_scenario import Protocol, Scenario
 from swarmnode.experiment.sim_validation import compare, loopback_per_node, per_node_from_metrics
 from swarmnode.experiment.simulation import Simulation, simulate
-from swarmnode.swarm.exchange import fanout, puller, round_budget, service, standing
+from swarmnode.swarm.exchange import fanout, puller, service, standing
 from swarmnode.swarm.wire import dht_rules
 
 QUICK = dict(churn_per_min=0.0, silent_share=0.0, rtt_s=0.05, round_s=20.0, deadline_s=10.0)
@@ -159,7 +159,7 @@ def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_pro
     sim.loop.run(6.0)
     old = Batch(0, authors[0], 4.0, silent=False, informative=4)  # of the last wave: dropped
     fresh = [Batch(1 + i, a, 6.0, silent=False, informative=4) for i, a in enumerate(authors[1 : k + 3])]
-    share = k // round_budget.EXPLORATION_DIVISOR
+    share = Protocol.bounded().explorations_per_round(sim.scenario.j, few_peers=False)
     newcomers = [Batch(100 + i, a, 6.0, False, 4) for i, a in enumerate(authors[k + 3 : k + 3 + share])]
     for batch in [old, *fresh, *newcomers]:
         observer.hear(batch, "notice")
@@ -170,11 +170,13 @@ def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_pro
     assert sim.tallies["dropped"] == 1 + 2  # the old one, and the two past K
 
 
-def test_the_codes_exploration_share_starts_k_over_4_newcomers_a_round_and_keeps_the_rest_for_later():
-    sim = _started(40, Protocol.bounded(), until=0.0, round_s=1000.0, warmup_rounds=0)  # rounds: later
+def test_a_newcomers_share_of_k_over_4_starts_that_many_a_round_and_keeps_the_rest_for_later():
+    """The model's knob (the code gives K, ``exploration_divisor`` 1; K / 4 was tried first)."""
+    proto = replace(Protocol.bounded(), exploration_divisor=4)
+    sim = _started(40, proto, until=0.0, round_s=1000.0, warmup_rounds=0)  # rounds: later
     settled, starting = list(sim.observers.values())[:2]
-    j, k = sim.scenario.j, Protocol.bounded().pulls_per_round(sim.scenario.j)
-    share = k // round_budget.EXPLORATION_DIVISOR
+    j, k = sim.scenario.j, proto.pulls_per_round(sim.scenario.j)
+    share = k // 4
     assert 3 * share <= 12 and k <= 12  # three rounds' shares, and all of K, among the 12 newcomers
     authors = [n for n in range(40) if n not in (settled.id, starting.id)]
     settled.standing = set(authors[:j])  # knows J peers with standing: K // 4 a round

@@ -23,8 +23,8 @@ takes only batches announced in that round's window; once it is spent, the batch
 heard of later are *dropped*, not deferred (a batch pulled in a later round would be stale: the first try
 at these bounds deferred, and batches reached the nodes that trained on them 4.7 s after publishing,
 docs/scaling.md), and ``state.pulls_done_round`` tells the round that nothing more is coming. Within the
-budget the freshest batches go first. Authors without standing new here have a share of first chances
-per round (the budget's exploration share); past it their batches wait, pending, for a later round's. An
+budget the freshest batches go first. Authors without standing new here have K first chances a round of
+their own (the budget's exploration share); past it their batches wait, pending, for a later round's. An
 author once tried is not charged again: its later batches are bounded per identity (PENDING_PER_AUTHOR,
 strikes and bans, the failed-probation order), so what the share bounds is the identities a round brings.
 
@@ -242,7 +242,6 @@ class Puller:
     def start_pulls(self) -> None:
         """Start pulls for pending batches, in ``_pull_order``, while slots (and the round's budget) last."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
-        few_peers = self.roster.standing_count() < max(self.budget.k // PULLS_PER_PEER_GROUP, 1)  # < J
         for key, pending, standing in self._pull_order():
             if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
@@ -263,7 +262,7 @@ class Puller:
             if not standing and not self.verifier.can_score(pending.author):
                 continue
             new_author = not standing and pending.author not in self._tried
-            if new_author and self.budget.exploration_spent(few_peers):
+            if new_author and self.budget.exploration_spent():
                 continue  # pending for a later round's share
             pending.pulling = True
             pending.attempts[holder] += 1

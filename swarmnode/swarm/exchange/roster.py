@@ -237,10 +237,6 @@ class Roster:
         with self.lock:
             return [peer for peer in self.cards if not self.book.is_banned(peer)]
 
-    def standing_count(self) -> int:
-        """Members this node gives standing (the pull budget's exploration share grows while few)."""
-        return sum(self.book.has_standing(peer) for peer in self.members())
-
     def notice_targets(self, count: int = NOTICE_FANOUT) -> list[str]:
         """Whom a new batch's notice goes to: ``count`` members on the ring of peers with standing
         (exchange/fanout.py), peers without standing only while the ring is short of them."""

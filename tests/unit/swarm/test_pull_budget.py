@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from swarmnode.experiment.waiting import wait_until
-from swarmnode.swarm.exchange import fanout, puller, round_budget
+from swarmnode.swarm.exchange import fanout, puller
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.standing import PROBATION_PENDING
@@ -81,7 +81,7 @@ def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
 
 def test_authors_without_standing_are_not_charged_to_the_budget(world):
     """Newcomers have a share of their own (round_budget.py), so they never eat the budget of the peers a
-    node trains on; while it knows fewer than J peers with standing, that share is all of K."""
+    node trains on."""
     authors = world.authors(4)  # none has standing yet
     for author in authors:
         author.publish()
@@ -93,8 +93,8 @@ def test_authors_without_standing_are_not_charged_to_the_budget(world):
 
 def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_number(world):
     """The worst case: far more newcomers (or Sybils with their identity work done) than K announce at
-    once, to a node that knows J peers with standing. A round starts K // EXPLORATION_DIVISOR of their
-    first pulls; the others wait, pending within PROBATION_PENDING, for the next rounds' shares. The old
+    once, to a node that knows J peers with standing. A round starts K of their first pulls; the others
+    wait, pending within PROBATION_PENDING, for the next rounds' shares. The old
     code started all of them in the round it heard of them."""
     budget = world.service.puller.budget
     world.authors(WORLD_PEER_GROUPS, standing=True)  # known, with standing, publishing nothing
@@ -102,7 +102,7 @@ def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_num
     for author in newcomers:
         author.publish()
     world.start()
-    share = budget.k // round_budget.EXPLORATION_DIVISOR
+    share = budget.k
     assert wait_until(lambda: received(world) == share, 20), world.state.counters
     time.sleep(3 * 0.2)  # three more polls: nothing more this round
     assert len(world.net.calls) == received(world) == share  # the old code: all 40
@@ -210,7 +210,7 @@ def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
     its later batches are bounded per identity instead (strikes, the failed-probation order)."""
     budget = world.service.puller.budget
     world.authors(WORLD_PEER_GROUPS, standing=True)
-    share = budget.k // round_budget.EXPLORATION_DIVISOR
+    share = budget.k
     tried, *others = world.authors(share)
     world.net.behaviour[tried.peer_id] = "tamper"
     tried.publish()
@@ -219,6 +219,6 @@ def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
     for author in others:
         author.publish()
     assert wait_until(lambda: received(world) == share - 1, 20), world.state.counters
-    assert budget.exploration_spent(few_peers=False) and not world.book.has_standing(tried.peer_id)
+    assert budget.exploration_spent() and not world.book.has_standing(tried.peer_id)
     tried.publish()
     assert wait_until(lambda: pulled_authors(world).count(tried.peer_id) == 2, 20), world.net.calls
