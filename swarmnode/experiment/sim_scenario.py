@@ -79,7 +79,7 @@ class Protocol:
         return cls(
             name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
-            exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS,
+            roster_keys_read=service.ROSTER_PAGE_SHARDS,
         )  # fmt: skip
 
     @classmethod
