@@ -28,7 +28,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from swarmnode.experiment.sim_load import Costs, bootstrap_load, per_node_costs
@@ -148,7 +148,7 @@ def protocols(args: argparse.Namespace) -> list[Protocol]:
         if variant == "today":
             out.append(Protocol.today())
         elif variant == "bounded":
-            out.append(Protocol.bounded())
+            out.append(replace(Protocol.bounded(), exploration_divisor=args.exploration_divisor))
         else:
             for hops in args.hops:
                 out.append(
@@ -297,6 +297,10 @@ def main() -> int:
     parser.add_argument("--fanout", type=int, default=6, help="target: D, peers a notice is sent to")
     parser.add_argument("--hops", type=int, nargs="+", default=[2], help="target: H, hop limit(s)")
     parser.add_argument("--k-factor", type=float, default=3.0, help="target: K = this x J pulls a round")
+    parser.add_argument(
+        "--exploration-divisor", type=int, default=0,
+        help="bounded: first pulls of authors without standing a round, K // this (0: none, as the code)",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=12, help="simulated rounds (2 of them warm-up)")
     parser.add_argument("--observers", type=int, default=48, help="nodes simulated event by event")
     parser.add_argument("--seed", type=int, default=0)

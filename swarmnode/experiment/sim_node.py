@@ -214,9 +214,9 @@ class Observer:
         return None, ""
 
     def _exploration_spent(self) -> bool:
-        """k_scope "standing" with an exploration share: this round's first pulls of authors without
-        standing are used up (K // 4 of them, or K while this node knows fewer than J peers with standing:
-        ``Roster.standing_count``, here its live view members with standing)."""
+        """k_scope "standing" with an exploration share (``Protocol.exploration_divisor``): this round's
+        first pulls of authors without standing are used up (K // the divisor of them, or K while this node
+        knows fewer than J live view members with standing)."""
         proto, j = self.sim.protocol, self.sim.scenario.j
         share = proto.explorations_per_round(j, few_peers=False)
         if share is None or self.window_explored < share:
