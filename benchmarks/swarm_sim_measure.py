@@ -28,6 +28,7 @@ from swarmnode.swarm.wire import codec, convert, limits, protocol, work
 from swarmnode.tasks import TaskBank
 
 SWARM = "sim-measure"
+_STAMPS = limits.Stamper()  # the seqs of the messages measured here
 MIX = {  # node_configs/tiny.yaml's mix
     "propositional_logic": TaskSpec(weight=3),
     "basic_arithmetic": TaskSpec(config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
@@ -76,7 +77,7 @@ def _batch(bank: TaskBank, author: Identity, shape: tuple[int, int, int], round_
         model_name="tiny",
         tokenizer_fingerprint="ab" * 32,
         timestamp=time.time(),
-        seq=limits.next_seq(0),
+        seq=_STAMPS.stamp()[0],
     )
     return batch
 
@@ -87,7 +88,7 @@ def _seconds(value: float, source: str) -> dict:
 
 
 def _announce(author: Identity, batch: protocol.RolloutBatch, data: bytes) -> bytes:
-    announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=limits.next_seq(0))
+    announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=_STAMPS.stamp()[0])
     return codec.encode_message(author, SWARM, announcement)
 
 
@@ -101,7 +102,7 @@ def _card(author: Identity, fingerprint: str, bits: int) -> bytes:
         round=1,
         addrs=("/ip4/203.0.113.7/tcp/31337", "/ip6/2001:db8::7/tcp/31337"),
         timestamp=time.time(),
-        seq=limits.next_seq(0),
+        seq=_STAMPS.stamp()[0],
         work_nonce=work.mint(author.public_key, bits),
         extra=roster_extra(fingerprint),
     )

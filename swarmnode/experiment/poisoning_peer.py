@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -92,7 +91,7 @@ class Attacker:
         self.model_name, self.tokenizer_fingerprint = policy.name, policy.tokenizer_fingerprint
         self.identities = [attacker_identity(seed, i) for i in range(identities)]
         self.streams = [attacker_stream(seed, i, cfg.tasks.eval_seed) for i in range(identities)]
-        self._seq = [0] * identities
+        self._stamps = [limits.Stamper() for _ in range(identities)]
         self.correct = self.completions // 2 if correct is None else correct  # correct completions a group
         if not 1 <= self.correct <= self.completions:
             raise ValueError(f"correct completions per group: 1 to {self.completions}, got {self.correct}")
@@ -148,24 +147,20 @@ class Attacker:
             "needs a task such as basic_arithmetic in tasks.mix"
         )
 
-    def _next_seq(self, index: int) -> int:
-        self._seq[index] = limits.next_seq(self._seq[index])
-        return self._seq[index]
-
     def publish(self, round_: int) -> list[SignedBatch]:
         """Each identity's signed batch of ``round_`` and its signed announcement."""
         out = []
         for index, identity in enumerate(self.identities):
             groups = self.groups(index, round_)
+            seq, timestamp = self._stamps[index].stamp()
             batch = convert.make_rollout_batch(
                 groups, peer_id=identity.peer_id, swarm_id=self.swarm_id, round=round_, policy_version=round_,
                 model_name=self.model_name, tokenizer_fingerprint=self.tokenizer_fingerprint,
-                timestamp=time.time(), seq=self._next_seq(index), include_logprobs=False,
+                timestamp=timestamp, seq=seq, include_logprobs=False,
             )  # fmt: skip
             data = codec.encode_message(identity, self.swarm_id, batch)
-            announcement = protocol.announcement_for(
-                batch, data, timestamp=time.time(), seq=self._next_seq(index)
-            )
+            seq, timestamp = self._stamps[index].stamp()
+            announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
             record = codec.encode_message(identity, self.swarm_id, announcement)
             out.append(SignedBatch(identity.peer_id, record, data, tuple(groups)))
         return out

@@ -75,7 +75,7 @@ class Announcer:
         self.card_record = b""  # the latest online card signed: notices carry it (swarm.notices)
         self._progress = (0, 0)  # (round, policy version) the next card carries
         self._lock = threading.Lock()
-        self._seq = 0
+        self._stamps = limits.Stamper()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lonely_since: float | None = None
@@ -91,8 +91,7 @@ class Announcer:
     def card(self, *, offline: bool = False) -> protocol.RosterCard:
         with self._lock:
             round_, policy_version = self._progress
-            self._seq = limits.next_seq(self._seq)
-            seq = self._seq
+        seq, timestamp = self._stamps.stamp()
         return protocol.RosterCard(
             peer_id=self.identity.peer_id,
             swarm_id=self.swarm_id,
@@ -101,7 +100,7 @@ class Announcer:
             policy_version=policy_version,
             round=round_,
             addrs=self.addrs[: limits.MAX_ADDRS],
-            timestamp=time.time(),
+            timestamp=timestamp,
             seq=seq,
             offline=offline,
             work_nonce=self.work_nonce,

@@ -103,7 +103,7 @@ class Swarm:
         self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
         self._round_counts = records.RoundCounts()
         self.addrs: list[str] = []
-        self._last_seq = 0
+        self._stamps = limits.Stamper()  # (seq, timestamp) of the batches and announcements it signs
         self._status_at = (0, 0)  # the round and policy version status.json last named
         self.write_failures = WriteFailures()  # status / peer_groups writes that failed (full disk)
 
@@ -135,14 +135,16 @@ class Swarm:
         if not groups:
             return
         t_start = time.time()
+        seq, timestamp = self._stamps.stamp()
         batch = convert.make_rollout_batch(
             groups, peer_id=self.identity.peer_id, swarm_id=self.swarm_id, round=round_,
             policy_version=policy_version, model_name=self.policy.name,
-            tokenizer_fingerprint=self.policy.tokenizer_fingerprint, timestamp=time.time(),
-            seq=self._next_seq(), include_logprobs=self.cfg.swarm.share_logprobs,
+            tokenizer_fingerprint=self.policy.tokenizer_fingerprint, timestamp=timestamp, seq=seq,
+            include_logprobs=self.cfg.swarm.share_logprobs,
         )  # fmt: skip
         data = codec.encode_message(self.identity, self.swarm_id, batch)
-        announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self._next_seq())
+        seq, timestamp = self._stamps.stamp()
+        announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
         self.transport.payloads.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
         peers = self.roster.notice_targets()
@@ -255,11 +257,6 @@ class Swarm:
         write_status(self.run_dir, status, self.write_failures)
         if self.on_status is not None:
             self.on_status(status)
-
-    def _next_seq(self) -> int:
-        """Strictly increasing across restarts too (wall-clock milliseconds)."""
-        self._last_seq = limits.next_seq(self._last_seq)
-        return self._last_seq
 
 
 def round_ttl_s(share_deadline_s: float) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 import time
 
 PROTOCOL_VERSION = 1
@@ -104,10 +105,31 @@ def check_fresh(
         raise ProtocolError("stale", f"timestamp {timestamp:.3f} is {timestamp - now:+.1f} s from now")
 
 
-def next_seq(previous: int) -> int:
-    """A sender's next ``seq`` for one message type: max(previous + 1, unix time in milliseconds), so it
-    keeps increasing across restarts without stored state (PROTOCOL.md section 7)."""
-    return max(previous + 1, int(time.time() * 1000))
+class Stamper:
+    """A sender's ``(seq, timestamp)`` for the messages it signs: both strictly increasing, whatever the
+    wall clock does (PROTOCOL.md section 7).
+
+    ``seq = max(previous + 1, timestamp in milliseconds)`` keeps increasing across restarts without stored
+    state. The timestamp does not go back either: after the clock steps back (an NTP step, a laptop
+    waking up) it stays 1 ms past the last one until the clock catches up, so a receiver that sees a lower
+    seq also sees an older timestamp (superseded, not a replay) and the DHT keeps the newest record of a
+    subkey (it expires last). That lead is at most ``MAX_CLOCK_SKEW_S``: a clock that had run further ahead
+    signed stamps receivers refused as stale, so the timestamp starts again from the clock.
+    """
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._timestamp = 0.0
+        self._lock = threading.Lock()
+
+    def stamp(self) -> tuple[int, float]:
+        with self._lock:
+            now = time.time()
+            if now <= self._timestamp <= now + MAX_CLOCK_SKEW_S:
+                now = self._timestamp + 0.001
+            self._timestamp = now
+            self._seq = max(self._seq + 1, int(now * 1000))
+            return self._seq, now
 
 
 def payload_digest(data: bytes) -> bytes:
