@@ -11,7 +11,9 @@ BACKOFF_MAX_S, so one silent peer holds one pull slot for one timeout and is not
 each holder gets MAX_FETCH_ATTEMPTS tries per batch (one for an author without standing), then the next
 holder is tried; bytes that are not the announced ones (``hash_mismatch``) charge the holder that sent
 them and the next holder is asked. A batch no holder can serve is given up (its author is then settled:
-not waited for). A holder without standing that held a pull for its whole timeout, or served other bytes
+not waited for); behind NAT only after HOLDER_WAIT_S more, since reachable peers offer such a node the
+batches they verified (exchange/intake.py) and the offer may come after the author's pull failed. A
+holder without standing that held a pull for its whole timeout, or served other bytes
 than announced, has had its first chance (``Roster.fail_probation``): its batches come after those of
 authors still on theirs, and make room for them in the probation share. An oversized frame costs its
 sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
@@ -79,6 +81,7 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 # through a holder), "oversize" is refused before the body and "not found" from the author is charged.
 PROBATION_ENDING_FAILURES = frozenset({"timeout"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
+HOLDER_WAIT_S = 3.0  # behind NAT: how long a batch whose holders all failed waits for a holder's offer
 MAX_PENDING = 1024  # batches announced and not yet pulled
 PULLS_PER_PEER_GROUP = 2  # K = this x J: a spare batch per group trained on, for failures and
 # zero-advantage groups (docs/scaling.md: K = 2 J fills J in every simulated round at 10,000 nodes)
@@ -114,6 +117,7 @@ class Pending:
     record: bytes  # the author's signed announcement, for notices that offer the batch on
     attempts: Counter = field(default_factory=Counter)  # per holder
     pulling: bool = False
+    holders_failed_at: float | None = None  # monotonic time every holder had failed (behind NAT)
 
     @property
     def author(self) -> str:
@@ -142,8 +146,10 @@ class Puller:
         on_pulled: Callable[[Pulled], None],
         wake: Callable[[], None],
         pulls_per_round: int,
+        behind_nat: Callable[[], bool],
     ):
-        """``pulls_per_round``: K, a round's budget of batches of authors with standing, ``pull_budget``."""
+        """``pulls_per_round``: K, a round's budget of batches of authors with standing, ``pull_budget``;
+        ``behind_nat``: whether this node cannot be dialled (its transport's client mode)."""
         self.verifier = verifier
         self.book = book
         self.roster = roster
@@ -151,6 +157,7 @@ class Puller:
         self._fetch = fetch
         self._on_pulled = on_pulled
         self._wake = wake
+        self._behind_nat = behind_nat
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
         # candidates not taken: "author_full", "probation_full", "full", "round_budget"
@@ -248,7 +255,8 @@ class Puller:
             holder = self._next_holder(pending, now, tries)
             if holder is None:
                 if not any(pending.attempts[h] < tries for h in pending.holders):
-                    self._give_up(key)  # every holder failed for good
+                    if not self._awaits_offer(pending, now):
+                        self._give_up(key)  # every holder failed for good
                 continue  # the rest are backed off: later
             if self._in_flight[standing] >= (MAX_PARALLEL_PULLS if standing else PROBATION_PULLS):
                 continue
@@ -261,6 +269,15 @@ class Puller:
             self._in_flight[standing] += 1
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()
+
+    def _awaits_offer(self, pending: Pending, now: float) -> bool:
+        """Behind NAT, whether a batch whose holders all failed still waits for a reachable peer's offer
+        (HOLDER_WAIT_S from the moment they had; its author is not settled meanwhile)."""
+        if not self._behind_nat():
+            return False
+        if pending.holders_failed_at is None:
+            pending.holders_failed_at = now
+        return now < pending.holders_failed_at + HOLDER_WAIT_S
 
     def _tell_if_done(self) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
