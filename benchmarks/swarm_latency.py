@@ -188,7 +188,9 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
                 continue
             arrivals.setdefault((e["peer"], e["round"]), {})[node["peer"]] = e
     lat, lat_verified, parts = [], [], {k: [] for k in BREAKDOWN}
+    used_parts = {k: [] for k in BREAKDOWN}  # the same, of the arrivals that were trained on
     sources: dict[str, int] = {"notice": 0, "poll": 0, "holder": 0}
+    used_by_notice = 0
     every, before_next, before_next_batch, expected = [], [], [], 0
     used = []  # publish -> arrival at a receiver that trained on a group of that batch
     for pub in nodes:
@@ -208,15 +210,22 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
                     continue
                 times.append(e["fetched"] - published)
                 lat.append(e["fetched"] - published)
-                if (pub["peer"], r) in rec["trained"]:
-                    used.append(e["fetched"] - published)
                 lat_verified.append(e["verified"] - published)
-                parts["discover"].append(e["seen"] - published)  # the notice arrived, or the poll showed it
-                parts["queue"].append(e["fetch_started"] - e["seen"])  # pull slots busy, holder backed off
-                parts["fetch"].append(e["fetched"] - e["fetch_started"])
+                pair = {
+                    "discover": e["seen"] - published,  # the notice arrived, or the poll showed it
+                    "queue": e["fetch_started"] - e["seen"],  # pull slots busy, holder backed off
+                    "fetch": e["fetched"] - e["fetch_started"],
+                    "verify": e["verified"] - e["fetched"],
+                }
+                for k, v in pair.items():
+                    parts[k].append(v)
                 sources[e.get("via", "poll")] += 1
                 sources["holder"] += e.get("holder", e["peer"]) != e["peer"]
-                parts["verify"].append(e["verified"] - e["fetched"])
+                if (pub["peer"], r) in rec["trained"]:
+                    used.append(e["fetched"] - published)
+                    used_by_notice += e.get("via", "poll") == "notice"
+                    for k, v in pair.items():
+                        used_parts[k].append(v)
             worst = max(times) if times else float("nan")
             every.append(worst)
             rec_m, ex = pub["metrics"].get(r), pub["exchange"].get(r)
@@ -284,6 +293,9 @@ def analyse(dirs: list[Path], first: int, last: int, wanted: int = 4) -> dict:
         "served_by_holder": sources["holder"] / len(lat) if lat else float("nan"),
         "breakdown_p50_s": {k: median(v) for k, v in parts.items()},
         "breakdown_p95_s": {k: pct(v, 95) for k, v in parts.items()},
+        "used_breakdown_p50_s": {k: median(v) for k, v in used_parts.items()},
+        "used_breakdown_p95_s": {k: pct(v, 95) for k, v in used_parts.items()},
+        "used_found_by_notice": used_by_notice / len(used) if used else float("nan"),
         "work_per_round": work_per_round(nodes, first, last, wanted),
         "cohorts": cohorts(nodes, first, last),
     }
@@ -324,6 +336,13 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _parts(a: dict, prefix: str) -> str:
+    return " | ".join(
+        f"{fmt(a[prefix + 'breakdown_p50_s'][k])} / {fmt(a[prefix + 'breakdown_p95_s'][k])}"
+        for k in BREAKDOWN
+    )
+
+
 def breakdown_table(results: list[dict]) -> str:
     head = (
         "| nodes | " + " | ".join(f"{k} p50 / p95" for k in BREAKDOWN)
@@ -332,11 +351,13 @@ def breakdown_table(results: list[dict]) -> str:
     lines = [head, "|" + "|".join(["---"] * (len(BREAKDOWN) + 4)) + "|"]
     for r in results:
         a = r["analysis"]
-        cells = [f"{fmt(a['breakdown_p50_s'][k])} / {fmt(a['breakdown_p95_s'][k])}" for k in BREAKDOWN]
         lines.append(
-            f"| {r['nodes']} | " + " | ".join(cells) + f" | {fmt(a['publish_store_p50_s'])} "
+            f"| {r['nodes']} | {_parts(a, '')} | {fmt(a['publish_store_p50_s'])} "
             f"| {fmt(a['found_by_notice'], '%')} | {fmt(a['served_by_holder'], '%')} |"
         )
+        if "used_breakdown_p95_s" in a:  # the pairs trained on (runs analysed before had no such split)
+            notice = fmt(a["used_found_by_notice"], "%")
+            lines.append(f"| {r['nodes']}, trained on | {_parts(a, 'used_')} | | {notice} | |")
     return "\n".join(lines)
 
 

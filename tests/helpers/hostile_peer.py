@@ -153,23 +153,27 @@ class Hostile:
                 self.publish_roster()
             time.sleep(min(0.2, left))
 
-    def honest_round(self) -> int | None:
-        """The round in the honest node's roster card (it republishes it as each exchange starts)."""
-        record = self.transport.records.get(dht_rules.roster_key(self.swarm_id, self.honest_peer)).get(
-            self.honest_peer
-        )
+    def honest_round(self, key: str = "roster") -> int | None:
+        """The round in the honest node's roster card (``key`` "roster", re-put on its own timer: None
+        until it joined), or in its batch announcement ("announce", put as each of its exchanges starts:
+        the phase of its rounds)."""
+        if key == "roster":
+            dht_key, expected_type = dht_rules.roster_key(self.swarm_id, self.honest_peer), limits.ROSTER_CARD
+        else:
+            dht_key, expected_type = (
+                dht_rules.announce_key(self.swarm_id, self.honest_peer),
+                limits.BATCH_ANNOUNCEMENT,
+            )
+        record = self.transport.records.get(dht_key).get(self.honest_peer)
         if record is None:
             return None
         try:
-            card, _ = codec.decode_message(
-                record,
-                swarm_id=self.swarm_id,
-                expected_type=limits.ROSTER_CARD,
-                expected_peer_id=self.honest_peer,
+            message, _ = codec.decode_message(
+                record, swarm_id=self.swarm_id, expected_type=expected_type, expected_peer_id=self.honest_peer
             )
         except limits.ProtocolError:
             return None
-        return card.round
+        return message.round
 
     def wait_for_honest(self, timeout_s: float = 120.0) -> int:
         deadline = time.monotonic() + timeout_s
@@ -181,12 +185,15 @@ class Hostile:
         raise SystemExit(f"no roster card from the honest node {self.honest_peer} in {timeout_s} s")
 
     def wait_next_exchange(self, timeout_s: float = STEP_TIMEOUT_S, settle_s: float = SETTLE_S) -> None:
-        """Until the honest node has started a new exchange and polled for a while in it: whatever this
-        peer put in the DHT before the call has been read by then."""
-        start = self.honest_round() or 0
+        """Until the honest node has started a new exchange (its announcement's round moved on) and, after
+        ``settle_s``, polled for a while in it: whatever this peer put in the DHT before the call has been
+        read by then. With ``settle_s`` 0 it returns early in an exchange: a batch announced then is pulled
+        in it (one announced late in an exchange and found by the poll after its end is of the last wave,
+        dropped for an author with standing: exchange/round_budget.py)."""
+        start = self.honest_round("announce") or 0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            now = self.honest_round()
+            now = self.honest_round("announce")
             if now is not None and now > start:
                 break
             self.sleep(0.4)
@@ -347,9 +354,10 @@ class Hostile:
         self.record("old_seq_announcement", limits.payload_digest(fresh_data))
         # the accepted groups re-signed under the accepted batch's seq: new bytes, new sha256, new
         # announcement; only the batch's own seq gives it away (-> replay)
+        self.wait_next_exchange(settle_s=0.0)  # early in an exchange: time to pull
         again = replace(original, timestamp=time.time())
         self.send("resigned_old_batch", self.encode(again), again)
-        self.wait_next_exchange()
+        self.wait_next_exchange(settle_s=0.0)
         # the accepted groups in a brand-new batch with a fresh seq, valid in every way: the verifier
         # accepts it, and the swarm's content dedup keeps its groups from being trained a second time
         renewed = replace(original, timestamp=time.time(), seq=self.seq())
@@ -438,7 +446,7 @@ class Hostile:
             if self.send(f"over_limit_{attempt + 1}", data, batch, bytes=len(data))["served"]:
                 break
         # keep flooding into the next honest exchange: none of it is pulled any more
-        start = self.honest_round() or 0
+        start = self.honest_round("announce") or 0
         digests = []
         for _ in range(12):
             batch, data = big(informative=True)
@@ -446,7 +454,7 @@ class Hostile:
             self.transport.payloads.offer(digests[-1], data)
             self.announce(digests[-1], len(data), batch)
             self.sleep(0.5)
-            if (self.honest_round() or 0) > start:
+            if (self.honest_round("announce") or 0) > start:
                 break
         self.sleep(SETTLE_S)
         for i, digest in enumerate(digests):
