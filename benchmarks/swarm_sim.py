@@ -298,8 +298,8 @@ def main() -> int:
     parser.add_argument("--hops", type=int, nargs="+", default=[2], help="target: H, hop limit(s)")
     parser.add_argument("--k-factor", type=float, default=3.0, help="target: K = this x J pulls a round")
     parser.add_argument(
-        "--exploration-divisor", type=int, default=0,
-        help="bounded: first pulls of authors without standing a round, K // this (0: none, as the code)",
+        "--exploration-divisor", type=int, default=1,
+        help="bounded: first pulls of authors without standing a round, K // this (1: the code; 0: none)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=12, help="simulated rounds (2 of them warm-up)")
     parser.add_argument("--observers", type=int, default=48, help="nodes simulated event by event")

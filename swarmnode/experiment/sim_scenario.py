@@ -40,10 +40,9 @@ class Protocol:
     # (the code: exchange/round_budget.py)
     k_scope: str = "all"
     exploration_share: float = 0.25  # of K, for authors without standing (k_scope "all")
-    # k_scope "standing", a share the code tried and took back (docs/scaling.md): first pulls of authors
-    # without standing a round (from one exchange's end to the next), K // this (at least 1), all K while
-    # the node knows fewer than J peers with standing; the rest stay pending for a later round's share.
-    # 0: no share, every one pulled (the code)
+    # k_scope "standing": first pulls of authors without standing a round (from one exchange's end to the
+    # next), K // this (at least 1), all K while the node knows fewer than J peers with standing; the rest
+    # stay pending for a later round's share (round_budget.py; the code gives K: 1). 0: no share
     exploration_divisor: int = 0
     max_pending: int = puller.MAX_PENDING
     probation_pending: int = standing.PROBATION_PENDING
@@ -74,13 +73,13 @@ class Protocol:
     def bounded(cls) -> Protocol:
         """The code since #27's bounds: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
-        first pulls of authors with standing a round, of batches announced in its window (authors without
-        standing in their probation share, outside K); a page of ``ROSTER_PAGE_SHARDS`` shards read every
-        ``ROSTER_REFRESH_S``."""
+        first pulls of authors with standing a round, of batches announced in its window, and K first chances
+        of authors without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the
+        code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
         return cls(
             name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
-            roster_keys_read=service.ROSTER_PAGE_SHARDS,
+            exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS,
         )  # fmt: skip
 
     @classmethod

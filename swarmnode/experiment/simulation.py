@@ -287,9 +287,9 @@ class Simulation:
         """The publisher's D targets as the code picks them (``fanout.notice_targets``, at the rotation of
         the simulated clock): on the ring of its view members with standing and itself, by peer id;
         members without standing fill in at random while the ring is short. A member has standing when it
-        is honest and has published: one verified batch gives standing. With an exploration share
-        (``Protocol.exploration_divisor``) that is optimistic: a node then gives standing to few new
-        authors a round (the observers' own standing is simulated), so its ring is of fewer members."""
+        is honest and has published: one verified batch gives standing. An approximation under the
+        exploration share (``Protocol.exploration_divisor``): a node gives standing to at most K new
+        authors a round (the observers' own standing is simulated), so its ring may be of fewer members."""
         view, count = self.views[author], self.protocol.fanout
         standing = [m for m in view if m in self.latest and not self.silent[m]]
         on_ring = set(standing)

@@ -159,7 +159,7 @@ def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_pro
     sim.loop.run(6.0)
     old = Batch(0, authors[0], 4.0, silent=False, informative=4)  # of the last wave: dropped
     fresh = [Batch(1 + i, a, 6.0, silent=False, informative=4) for i, a in enumerate(authors[1 : k + 3])]
-    share = 2  # a few newcomers, pulled outside K
+    share = Protocol.bounded().explorations_per_round(sim.scenario.j, few_peers=False)
     newcomers = [Batch(100 + i, a, 6.0, False, 4) for i, a in enumerate(authors[k + 3 : k + 3 + share])]
     for batch in [old, *fresh, *newcomers]:
         observer.hear(batch, "notice")
@@ -171,7 +171,7 @@ def test_the_codes_budget_pulls_k_fresh_batches_of_authors_with_standing_and_pro
 
 
 def test_a_newcomers_share_of_k_over_4_starts_that_many_a_round_and_keeps_the_rest_for_later():
-    """The model's knob (tried in the code and taken back: docs/scaling.md)."""
+    """The model's knob (the code gives K, ``exploration_divisor`` 1; K / 4 was tried first)."""
     proto = replace(Protocol.bounded(), exploration_divisor=4)
     sim = _started(40, proto, until=0.0, round_s=1000.0, warmup_rounds=0)  # rounds: later
     settled, starting = list(sim.observers.values())[:2]

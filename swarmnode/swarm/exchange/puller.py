@@ -25,7 +25,10 @@ takes only batches announced in that round's window; once it is spent, the batch
 heard of later are *dropped*, not deferred (a batch pulled in a later round would be stale: the first try
 at these bounds deferred, and batches reached the nodes that trained on them 4.7 s after publishing,
 docs/scaling.md), and ``state.pulls_done_round`` tells the round that nothing more is coming. Within the
-budget the freshest batches go first.
+budget the freshest batches go first. Authors without standing new here have K first chances a round of
+their own (the budget's exploration share); past it their batches wait, pending, for a later round's. An
+author once tried is not charged again: its later batches are bounded per identity (PENDING_PER_AUTHOR,
+strikes and bans, the failed-probation order), so what the share bounds is the identities a round brings.
 
 Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
 PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
@@ -83,6 +86,7 @@ PROBATION_ENDING_FAILURES = frozenset({"timeout"})
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 HOLDER_WAIT_S = 3.0  # behind NAT: how long a batch whose holders all failed waits for a holder's offer
 MAX_PENDING = 1024  # batches announced and not yet pulled
+MAX_TRIED_AUTHORS = 16384  # authors given a first chance, remembered (past it the oldest is new again)
 PULLS_PER_PEER_GROUP = 2  # K = this x J: a spare batch per group trained on, for failures and
 # zero-advantage groups (docs/scaling.md: K = 2 J fills J in every simulated round at 10,000 nodes)
 MAX_PULLED = 65536  # (author, digest) already pulled, accepted or not (~100 B each)
@@ -165,6 +169,9 @@ class Puller:
         self.budget = RoundBudget(pulls_per_round, state)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
         self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
+        # authors without standing whose first chance (a first pull) was given: the exploration share
+        # counts the others, the identities new here
+        self._tried: BoundedSet[str] = BoundedSet(MAX_TRIED_AUTHORS)
         self.backoff: OrderedDict[str, tuple[float, int]] = OrderedDict()  # holder -> until, failures
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
         # pulls in flight and workers, per share: authors with standing (True) and without (False)
@@ -262,10 +269,16 @@ class Puller:
                 continue
             if not standing and not self.verifier.can_score(pending.author):
                 continue
+            new_author = not standing and pending.author not in self._tried
+            if new_author and self.budget.exploration_spent():
+                continue  # pending for a later round's share
             pending.pulling = True
             pending.attempts[holder] += 1
-            if standing and first_pull:
+            if first_pull and standing:
                 self.budget.charge()
+            elif new_author:
+                self.budget.charge_exploration()
+                self._tried.add(pending.author)
             self._in_flight[standing] += 1
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()

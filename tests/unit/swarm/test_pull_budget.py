@@ -1,7 +1,7 @@
 """#27's bounds on a node's work a round, whatever the swarm's size: at most K = 2 J batches of authors
 with standing pulled (and verified) a round, the freshest first, the rest dropped rather than deferred, and
 a new batch's notice pushed to NOTICE_FANOUT peers, not to the whole roster; nothing received passed on
-(the hop limit is 1).
+(the hop limit is 1); authors without standing a bounded share of first pulls a round.
 
 The worst case is a swarm far larger than K whose every peer has standing and publishes at once. The data
 plane is the real one on the scripted network (tests/helpers/scripted_net.py: no libp2p daemon in a unit
@@ -16,6 +16,7 @@ from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange import fanout, puller
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
 from swarmnode.swarm.exchange.records import ShareTrace
+from swarmnode.swarm.exchange.standing import PROBATION_PENDING
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.swarm import _wait_over
 from swarmnode.swarm.net.reachability import HOLDER_OFFER_FANOUT
@@ -88,6 +89,27 @@ def test_authors_without_standing_are_not_charged_to_the_budget(world):
     assert wait_until(lambda: received(world) == 4, 20), world.state.counters
     assert world.service.puller.dropped["round_budget"] == 0
     assert not world.service.puller.budget.round_spent()
+
+
+def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_number(world):
+    """The worst case: far more newcomers (or Sybils with their identity work done) than K announce at
+    once, to a node that knows J peers with standing. A round starts K of their first pulls; the others
+    wait, pending within PROBATION_PENDING, for the next rounds' shares. The old
+    code started all of them in the round it heard of them."""
+    budget = world.service.puller.budget
+    world.authors(WORLD_PEER_GROUPS, standing=True)  # known, with standing, publishing nothing
+    newcomers = world.authors(SWARM_OVER_BUDGET * budget.k)
+    for author in newcomers:
+        author.publish()
+    world.start()
+    share = budget.k
+    assert wait_until(lambda: received(world) == share, 20), world.state.counters
+    time.sleep(3 * 0.2)  # three more polls: nothing more this round
+    assert len(world.net.calls) == received(world) == share  # the old code: all 40
+    assert len(world.service.puller.pending) == min(len(newcomers) - share, PROBATION_PENDING)
+    world.state.open_round(1)
+    world.service.puller.start_pulls()
+    assert wait_until(lambda: received(world) == 2 * share, 20), world.state.counters
 
 
 def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
@@ -180,3 +202,23 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
     time.sleep(3 * 0.2)
     assert received(world) == budget
     assert world.net.stats.get("notices_sent", 0) == budget * HOLDER_OFFER_FANOUT
+
+
+def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
+    """The share counts identities new here: a newcomer whose first chance was given (here it served
+    tampered bytes, so it has no standing) gets its next batch pulled though the round's share is spent;
+    its later batches are bounded per identity instead (strikes, the failed-probation order)."""
+    budget = world.service.puller.budget
+    world.authors(WORLD_PEER_GROUPS, standing=True)
+    share = budget.k
+    tried, *others = world.authors(share)
+    world.net.behaviour[tried.peer_id] = "tamper"
+    tried.publish()
+    world.start()
+    assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.state.counters
+    for author in others:
+        author.publish()
+    assert wait_until(lambda: received(world) == share - 1, 20), world.state.counters
+    assert budget.exploration_spent() and not world.book.has_standing(tried.peer_id)
+    tried.publish()
+    assert wait_until(lambda: pulled_authors(world).count(tried.peer_id) == 2, 20), world.net.calls
