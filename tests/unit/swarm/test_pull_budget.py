@@ -107,8 +107,7 @@ def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_num
     time.sleep(3 * 0.2)  # three more polls: nothing more this round
     assert len(world.net.calls) == received(world) == share  # the old code: all 40
     assert len(world.service.puller.pending) == min(len(newcomers) - share, PROBATION_PENDING)
-    world.state.open_round(1)
-    world.service.puller.start_pulls()
+    world.state.open_round(1)  # the service thread starts the next share (only it may start pulls)
     assert wait_until(lambda: received(world) == 2 * share, 20), world.state.counters
 
 
