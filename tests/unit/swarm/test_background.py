@@ -102,13 +102,9 @@ def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
     assert world.net.held == [digest]  # and now served on by this node too
 
 
-@pytest.mark.parametrize("behind_nat", [True, False])
-def test_behind_nat_a_holders_offer_after_the_authors_pull_failed_is_still_pulled(world, behind_nat):
-    """A NATed node learns of a NATed author's batch and fails to reach it; the reachable peer that pulled
-    and verified it offers it a moment later (CI: a NATed node that had given up at once trained on the
-    reachable node's groups only, every round). Behind NAT the batch waits HOLDER_WAIT_S for that offer,
-    its author unsettled; a reachable node gives up at once, as no one offers it batches."""
-    author, holder = world.authors(2)
+def _author_tried_in_vain(world, author, behind_nat: bool) -> bytes:
+    """This node (behind NAT or not) hears of ``author``'s batch from its notice and fails to reach it;
+    the announcement record."""
     world.net.client_mode = behind_nat
     world.net.behaviour[author.peer_id] = "unreachable"
     record, _ = author.publish(announce=False)
@@ -116,6 +112,17 @@ def test_behind_nat_a_holders_offer_after_the_authors_pull_failed_is_still_pulle
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
     assert wait_until(lambda: any(peer == author.peer_id for peer, _, _ in world.net.calls), 5)
+    return record
+
+
+@pytest.mark.parametrize("behind_nat", [True, False])
+def test_behind_nat_a_holders_offer_after_the_authors_pull_failed_is_still_pulled(world, behind_nat):
+    """A NATed node learns of a NATed author's batch and fails to reach it; the reachable peer that pulled
+    and verified it offers it a moment later (CI: a NATed node that had given up at once trained on the
+    reachable node's groups only, every round). Behind NAT the batch waits HOLDER_WAIT_S for that offer,
+    its author unsettled; a reachable node gives up at once, as no one offers it batches."""
+    author, holder = world.authors(2)
+    record = _author_tried_in_vain(world, author, behind_nat)
     time.sleep(0.5)  # the reachable peer's pull and verification
     assert (author.peer_id in world.state.settled) is not behind_nat
     world.service.inbox.add_notice(record, author.peer_id, holder.peer_id)
@@ -131,13 +138,7 @@ def test_behind_nat_a_holders_offer_after_the_authors_pull_failed_is_still_pulle
 def test_behind_nat_a_batch_no_one_offers_is_given_up_after_the_holder_wait(world, monkeypatch):
     monkeypatch.setattr(puller, "HOLDER_WAIT_S", 0.5)
     (author,) = world.authors(1)
-    world.net.client_mode = True
-    world.net.behaviour[author.peer_id] = "unreachable"
-    record, _ = author.publish(announce=False)
-    world.start()
-    assert wait_until(lambda: author.peer_id in world.roster.live, 5)
-    assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
-    assert wait_until(lambda: any(peer == author.peer_id for peer, _, _ in world.net.calls), 5)
+    _author_tried_in_vain(world, author, behind_nat=True)
     failed = time.monotonic()
     assert wait_until(lambda: author.peer_id in world.state.settled, 5)
     assert time.monotonic() - failed >= 0.5 - 0.05 and not world.service.puller.pending
