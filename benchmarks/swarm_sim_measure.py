@@ -28,7 +28,7 @@ from swarmnode.swarm.wire import codec, convert, limits, protocol, work
 from swarmnode.tasks import TaskBank
 
 SWARM = "sim-measure"
-_STAMPS = limits.Stamper()  # the seqs of the messages measured here
+_STAMPS = limits.Stamper()  # (seq, timestamp) of the messages measured here
 MIX = {  # node_configs/tiny.yaml's mix
     "propositional_logic": TaskSpec(weight=3),
     "basic_arithmetic": TaskSpec(config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}),
@@ -68,6 +68,7 @@ def _batch(bank: TaskBank, author: Identity, shape: tuple[int, int, int], round_
             for t in texts
         ]
         groups.append(bank.score_group(question, done, provenance))
+    seq, timestamp = _STAMPS.stamp()
     batch = convert.make_rollout_batch(
         groups,
         peer_id=author.peer_id,
@@ -76,8 +77,8 @@ def _batch(bank: TaskBank, author: Identity, shape: tuple[int, int, int], round_
         policy_version=1,
         model_name="tiny",
         tokenizer_fingerprint="ab" * 32,
-        timestamp=time.time(),
-        seq=_STAMPS.stamp()[0],
+        timestamp=timestamp,
+        seq=seq,
     )
     return batch
 
@@ -88,11 +89,13 @@ def _seconds(value: float, source: str) -> dict:
 
 
 def _announce(author: Identity, batch: protocol.RolloutBatch, data: bytes) -> bytes:
-    announcement = protocol.announcement_for(batch, data, timestamp=time.time(), seq=_STAMPS.stamp()[0])
+    seq, timestamp = _STAMPS.stamp()
+    announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
     return codec.encode_message(author, SWARM, announcement)
 
 
 def _card(author: Identity, fingerprint: str, bits: int) -> bytes:
+    seq, timestamp = _STAMPS.stamp()
     card = protocol.RosterCard(
         peer_id=author.peer_id,
         swarm_id=SWARM,
@@ -101,8 +104,8 @@ def _card(author: Identity, fingerprint: str, bits: int) -> bytes:
         policy_version=1,
         round=1,
         addrs=("/ip4/203.0.113.7/tcp/31337", "/ip6/2001:db8::7/tcp/31337"),
-        timestamp=time.time(),
-        seq=_STAMPS.stamp()[0],
+        timestamp=timestamp,
+        seq=seq,
         work_nonce=work.mint(author.public_key, bits),
         extra=roster_extra(fingerprint),
     )

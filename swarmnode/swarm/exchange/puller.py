@@ -12,11 +12,11 @@ each holder gets MAX_FETCH_ATTEMPTS tries per batch (one for an author without s
 holder is tried; bytes that are not the announced ones (``hash_mismatch``) charge the holder that sent
 them and the next holder is asked. A batch no holder can serve is given up (its author is then settled:
 not waited for); behind NAT only after HOLDER_WAIT_S more, since reachable peers offer such a node the
-batches they verified (exchange/intake.py) and the offer may come after the author's pull failed. A
-holder without standing that held a pull for its whole timeout, or served other bytes
-than announced, has had its first chance (``Roster.fail_probation``): its batches come after those of
-authors still on theirs, and make room for them in the probation share. An oversized frame costs its
-sender a strike, "not found" from the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
+batches they verified (exchange/intake.py) and the offer may come after the author's pull failed. A holder
+without standing that held a pull for its whole timeout, or served other bytes than announced, has had its
+first chance (``Roster.fail_probation``): its batches come after those of authors still on theirs, and
+make room for them in the probation share. An oversized frame costs its sender a strike, "not found" from
+the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
 
 A round pulls at most K = ``pull_budget(J)`` batches of authors with standing (#27): a node trains on J
 peer groups a round, so pulling every batch it hears of would make its work grow with the swarm. The
@@ -150,10 +150,10 @@ class Puller:
         on_pulled: Callable[[Pulled], None],
         wake: Callable[[], None],
         pulls_per_round: int,
-        behind_nat: Callable[[], bool],
+        client_mode: Callable[[], bool],
     ):
         """``pulls_per_round``: K, a round's budget of batches of authors with standing, ``pull_budget``;
-        ``behind_nat``: whether this node cannot be dialled (its transport's client mode)."""
+        ``client_mode``: whether this node cannot be dialled (behind NAT: its transport's client mode)."""
         self.verifier = verifier
         self.book = book
         self.roster = roster
@@ -161,7 +161,7 @@ class Puller:
         self._fetch = fetch
         self._on_pulled = on_pulled
         self._wake = wake
-        self._behind_nat = behind_nat
+        self._client_mode = client_mode
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
         # candidates not taken: "author_full", "probation_full", "full", "round_budget"
@@ -286,7 +286,7 @@ class Puller:
     def _awaits_offer(self, pending: Pending, now: float) -> bool:
         """Behind NAT, whether a batch whose holders all failed still waits for a reachable peer's offer
         (HOLDER_WAIT_S from the moment they had; its author is not settled meanwhile)."""
-        if not self._behind_nat():
+        if not self._client_mode():
             return False
         if pending.holders_failed_at is None:
             pending.holders_failed_at = now

@@ -7,8 +7,7 @@ batch stays pending (bounded: standing.PROBATION_PENDING) for a later round. A s
 first: at a 16-node start a node then met its peers over 4 rounds, and the loopback run's used-by p95 went
 to 5.4 s and 94% of rounds filled J (docs/scaling.md); with K, a swarm of 2 K meets in 2 rounds. A
 deferred batch may be pulled after a newer one of its author: superseded, and verified like any other
-(PROTOCOL.md section 7). The share was taken back once for `replay` rejections in test_chaos; their cause
-was the clock step back there (a sender's timestamps going back: ``limits.Stamper``), not the share.
+(PROTOCOL.md section 7).
 
 A round's window opens when the last exchange ends (``ExchangeState.open_round``). A batch announced
 before that belongs to the last wave; heard of only now (by the DHT poll, seconds after the notices), it

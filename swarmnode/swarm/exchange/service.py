@@ -93,7 +93,7 @@ class ExchangeService:
         self.puller = Puller(
             verifier=verifier, book=book, roster=roster, state=state, fetch=transport.fetch,
             on_pulled=self.intake.take, wake=self._wake.set, pulls_per_round=pulls_per_round,
-            behind_nat=lambda: transport.client_mode,
+            client_mode=lambda: transport.client_mode,
         )  # fmt: skip
         self.inbox = Inbox(
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),

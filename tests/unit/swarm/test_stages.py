@@ -30,7 +30,7 @@ def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
     )
     puller = Puller(
         verifier=verifier, book=book, roster=roster, state=state, fetch=net.fetch, on_pulled=pulled.append,
-        wake=lambda: None, pulls_per_round=8, behind_nat=lambda: False,
+        wake=lambda: None, pulls_per_round=8, client_mode=lambda: False,
     )  # fmt: skip
     intake = Intake(verifier=verifier, state=state, roster=roster, transport=net, behind_nat=frozenset)
     author = Author(net, SWARM, bank)
