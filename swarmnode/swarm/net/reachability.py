@@ -36,6 +36,9 @@ DIALBACK_STREAM = "/swarmnode/v1/dialback"
 MAX_PORTS = 4
 DIAL_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 5.0
+ASK_WINDOW_S = 12.0  # the asker's wait for one peer, tries included: its 3 s dials and a loaded peer's slack
+ASK_ATTEMPTS = 3
+ASK_RETRY_S = 1.0
 MAX_CONCURRENT_DIALBACKS = 8
 PEERS_ASKED = 3
 MAX_PEERS_BEHIND_NAT = 1024  # peers remembered as not dialable, the least recently checked forgotten first
@@ -83,22 +86,30 @@ def holder_offer_targets(nat_peers: Iterable[str], live: Collection[str], skip: 
     return random.sample(candidates, min(len(candidates), HOLDER_OFFER_FANOUT))
 
 
-def verdict(answers: Sequence[bytes | None]) -> Verdict:
+def _answered(answers: Sequence[bytes | str]) -> list[bytes]:
+    return [a for a in answers if isinstance(a, bytes) and a]
+
+
+def verdict(answers: Sequence[bytes | str]) -> Verdict:
     """Reachable if any peer connected to any of our ports; unreachable if peers answered and none
-    connected; unknown if no peer answered (none serves the check, or none was asked)."""
-    answered = [a for a in answers if a]
+    connected; unknown if no peer answered (none serves the check, or none was asked). An answer is
+    bytes; a str says why a peer gave none."""
+    answered = _answered(answers)
     if any(1 in answer for answer in answered):
         return "reachable"
     return "unreachable" if answered else "unknown"
 
 
-def note(verdict_: Verdict, answers: Sequence[bytes | None], ports: Sequence[int]) -> str:
+def note(verdict_: Verdict, answers: Sequence[bytes | str], ports: Sequence[int]) -> str:
     """One line for the user saying what the dial-back check decided (client mode: what to do)."""
-    answered = sum(1 for answer in answers if answer)
+    answered = len(_answered(answers))
     if verdict_ == "reachable":
         return f"peers can open connections to this node ({answered} checked)"
     if verdict_ == "unknown":
-        return "not checked: no initial peer answered the dial-back check; running as a full DHT node"
+        why = "; ".join(a for a in answers if isinstance(a, str)) or "no TCP port to check"
+        return (
+            f"not checked: no initial peer answered the dial-back check ({why}); running as a full DHT node"
+        )
     return (
         f"{answered} peer(s) could not open a connection to this node on TCP port(s) "
         f"{', '.join(map(str, ports))}, so it runs in client mode: it connects out to peers and they pull "
@@ -159,22 +170,34 @@ class DialbackServer:
                 writer.close()
 
 
-async def ask(p2p: Any, peer_id: str, ports: Sequence[int], timeout_s: float) -> bytes | None:
-    """Ask ``peer_id`` to dial us back on ``ports``; its answer (one byte per port) or None."""
+async def ask(p2p: Any, peer_id: str, ports: Sequence[int]) -> bytes | str:
+    """Ask ``peer_id`` to dial us back on ``ports``: its answer (bytes, one per port), or why it has none.
 
-    writer = None
+    A stream that fails at once is tried again (at most ASK_ATTEMPTS, ASK_RETRY_S apart): at start the
+    connection to an initial peer may still be settling, and a lone "unknown" would keep a node behind
+    NAT in the DHT as a full server. All tries together end within ASK_WINDOW_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ASK_WINDOW_S
+    reason = "not asked"
+    for attempt in range(1, ASK_ATTEMPTS + 1):
+        try:
+            return await asyncio.wait_for(_exchange(p2p, peer_id, ports), deadline - loop.time())
+        except TimeoutError:
+            reason = f"no answer within {ASK_WINDOW_S:g} s"
+            break
+        except Exception as e:  # no such handler (an older peer), gone, closed unanswered (too busy)
+            reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if attempt == ASK_ATTEMPTS or deadline - loop.time() <= ASK_RETRY_S:
+            break
+        await asyncio.sleep(ASK_RETRY_S)
+    return f"{peer_id[-8:]}: {reason}"
 
-    async def exchange() -> bytes:
-        nonlocal writer
-        reader, writer = await open_stream(p2p, peer_id, DIALBACK_STREAM)
+
+async def _exchange(p2p: Any, peer_id: str, ports: Sequence[int]) -> bytes:
+    reader, writer = await open_stream(p2p, peer_id, DIALBACK_STREAM)
+    try:
         writer.write(encode_request(ports))
         await writer.drain()
         return await reader.readexactly(len(ports))
-
-    try:
-        return await asyncio.wait_for(exchange(), timeout_s)
-    except Exception:  # no such handler (an older peer), gone, too slow: this peer cannot tell
-        return None
     finally:
-        if writer is not None:
-            writer.close()
+        writer.close()

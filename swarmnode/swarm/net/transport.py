@@ -185,13 +185,11 @@ class Transport:
     def _settle_reachability(self, peer_id: str, initial_peers: list[str], maddrs: list[str]) -> list[str]:
         """Dial-back check; restart as a DHT client if peers answered and none could connect."""
         ports = reachability.tcp_ports(maddrs)
-        answers: list[bytes | None] = []
+        answers: list[bytes | str] = []
         if ports:
             asked = [addr.rsplit("/p2p/", 1)[1] for addr in initial_peers[: reachability.PEERS_ASKED]]
-            timeout = 2 * reachability.DIAL_TIMEOUT_S
-            answers = self._call(
-                _gather([reachability.ask(self._p2p, peer, ports, timeout) for peer in asked]), timeout + 5
-            )
+            asking = _gather([reachability.ask(self._p2p, peer, ports) for peer in asked])
+            answers = self._call(asking, reachability.ASK_WINDOW_S + 5)
         self.reachability = reachability.verdict(answers)
         if self.reachability == "unreachable":
             logger.info("dial-back failed on TCP port(s) %s; restarting the DHT in client mode", ports)
