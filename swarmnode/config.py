@@ -223,7 +223,7 @@ class OffPolicyConfig(_Strict):
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
     peer_defence: Literal["none", "span", "token_budget", "rescue"] = Field(
-        "none",
+        "span",
         description="What peer text beyond its verified answer may teach (learn/peer_defence.py, #29): none; "
         "span = peer tokens in spans this node would not write (its own log-probs) leave the loss; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "

@@ -41,7 +41,11 @@ def sampled():
 
 
 def _train(sequences, offpolicy: OffPolicyConfig, updates: int = 1):
+    """One step. These tests isolate the importance weights, so the span gate (on by default) is off: with
+    no own sequences in the step it would gate every token of the random tiny model (test_peer_defence.py
+    tests the gate)."""
     policy = load_policy(ModelConfig(name="tiny"))  # same seed: identical starting weights every time
+    offpolicy = offpolicy.model_copy(update={"peer_defence": "none"})
     trainer = Trainer(
         policy.model, policy.tokenizer.pad_token_id, replace_train(updates), offpolicy=offpolicy
     )
