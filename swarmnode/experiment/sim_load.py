@@ -29,6 +29,7 @@ from pathlib import Path
 
 from swarmnode.experiment.simulation import Result
 from swarmnode.swarm.exchange.announcer import ANNOUNCES_PER_TTL
+from swarmnode.swarm.exchange.service import roster_page_gap_s
 from swarmnode.swarm.exchange.swarm import round_ttl_s
 from swarmnode.swarm.net.daemon import RELAY_MAX_RESERVATIONS
 from swarmnode.swarm.wire.dht_rules import MAX_SUBKEYS_PER_KEY, ROSTER_SHARDS
@@ -67,11 +68,17 @@ def cards_per_shard(nodes: int) -> float:
     return min(nodes / ROSTER_SHARDS, MAX_SUBKEYS_PER_KEY)
 
 
+def roster_read_s(result: Result) -> float:
+    """Seconds between a node's roster reads: the protocol's, or the code's pace for this lifetime."""
+    given = result.protocol.roster_read_s
+    return given if given is not None else roster_page_gap_s(round_ttl_s(result.scenario.deadline_s))
+
+
 def dht_keys_per_round(result: Result) -> dict[str, float]:
     """DHT keys a node looks up and stores per round, and the records it reads (cards, announcements)."""
     sc, proto, period = result.scenario, result.protocol, round_period_s(result)
     members = min(sc.nodes - 1, proto.view if proto.gossip else proto.roster_cap)
-    roster_reads = period / proto.roster_read_s
+    roster_reads = period / roster_read_s(result)
     cards_per_read = proto.roster_keys_read * cards_per_shard(sc.nodes)
     polls = period / proto.poll_interval_s
     card_puts = period / (round_ttl_s(sc.deadline_s) / ANNOUNCES_PER_TTL)
@@ -95,7 +102,7 @@ def per_node_costs(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
     ttl = round_ttl_s(sc.deadline_s)
     # a roster card is re-signed every ttl / 4 and checked when a read finds it new: once a re-sign, or
     # once a pass over the shards where a pass takes longer
-    pass_s = proto.roster_read_s * ROSTER_SHARDS / proto.roster_keys_read
+    pass_s = roster_read_s(result) * ROSTER_SHARDS / proto.roster_keys_read
     roster_cards = ROSTER_SHARDS * cards_per_shard(sc.nodes)
     card_checks = shuffle_cards + roster_cards * period / max(ttl / ANNOUNCES_PER_TTL, pass_s)
     servers = max(sc.nodes * (1 - nat_share), 1)
@@ -150,7 +157,7 @@ def bootstrap_load(result: Result, costs: Costs, nat_share: float = 0.0) -> dict
     spare = capacity - per_server
     by_dht = math.inf if spare <= 0 else math.ceil(joins_per_s * join_keys / spare)
     by_relay = math.ceil(sc.nodes * nat_share / RELAY_MAX_RESERVATIONS)
-    shard_reads = sc.nodes / proto.roster_read_s * proto.roster_keys_read  # a second, spread over the shards
+    shard_reads = sc.nodes / roster_read_s(result) * proto.roster_keys_read  # a second, over the shards
     hot_reads = shard_reads / ROSTER_SHARDS / DHT_REPLICAS
     costs_now = per_node_costs(result, costs, nat_share)
     relayed = costs_now["notice_bytes_in"] + costs_now["payload_bytes_out"]  # streams opened to a NAT node

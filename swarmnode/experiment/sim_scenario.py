@@ -56,7 +56,9 @@ class Protocol:
     parallel_notice_sends: int = notices.MAX_PARALLEL_NOTICE_SENDS
     poll_interval_s: float = service.POLL_INTERVAL_S
     poll_keys: int = service.MAX_POLL_KEYS  # target: the view's keys (V)
-    roster_read_s: float = service.ROSTER_REFRESH_S  # a roster read every this often ...
+    # a roster read every this often (None: as the code paces its pages, ``service.roster_page_gap_s`` of
+    # the scenario's record lifetime) ...
+    roster_read_s: float | None = service.ROSTER_REFRESH_S
     roster_keys_read: int = dht_rules.ROSTER_SHARDS  # ... of this many shard keys
     roster_keys_first: int = dht_rules.ROSTER_SHARDS  # a newcomer's first read (the code: every shard)
     shuffle_s: float = 0.0  # target: a view shuffle (Cyclon) started this often ...
@@ -75,11 +77,11 @@ class Protocol:
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
         first pulls of authors with standing a round, of batches announced in its window, and K first chances
         of authors without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the
-        code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``ROSTER_REFRESH_S``."""
+        code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``roster_page_gap_s``."""
         return cls(
             name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
-            exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS,
+            exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS, roster_read_s=None,
         )  # fmt: skip
 
     @classmethod

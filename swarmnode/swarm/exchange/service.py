@@ -12,8 +12,9 @@ A peer's batch takes four stages, each handed what it uses and passing its resul
 
 This module runs them. The service thread drains the inbox, starts pulls and handles finished ones,
 pulls first and again after each verification (pulls wait on the network, verifying a batch takes CPU).
-A reader thread of its own makes the DHT reads (a page of ROSTER_PAGE_SHARDS roster shards every
-ROSTER_REFRESH_S, sooner when parked notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll
+A reader thread of its own makes the DHT reads (a page of ROSTER_PAGE_SHARDS roster shards, back to back
+until the first pass is done, then every ``roster_page_gap_s``, sooner when parked notices ask, at most
+every ROSTER_MIN_GAP_S; the announcement poll
 every POLL_INTERVAL_S, the floor under notices, of at most MAX_POLL_KEYS members), so a slow DHT delays
 only the next read, never a notice or a pull. The service thread is the only one that calls the
 ``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters); the
@@ -47,16 +48,27 @@ logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 2.0  # DHT announcement poll: the floor under notices (each is a DHT get of N keys) ...
 MAX_POLL_KEYS = 64  # ... of at most this many roster members, whatever the roster's size
-ROSTER_REFRESH_S = 2.0  # a page of the roster (who is live) is read this often ...
-# ... of this many of its shards (at most 2 x 64 cards, 1 MiB), never all: the shards of authors whose
-# notices wait for their card first, then in turn (a pass of the 8 shards every 8 s; back to back, every
-# ROSTER_MIN_GAP_S, until the first pass is done)
+# a page of the roster (who is live) is of this many of its shards (at most 2 x 64 cards, 1 MiB), never
+# all: the shards of authors whose notices wait for their card first, then in turn; back to back, every
+# ROSTER_MIN_GAP_S, until the first pass is done, then every roster_page_gap_s
 ROSTER_PAGE_SHARDS = 2
+ROSTER_PASSES_PER_TTL = 8  # ... that many passes over the 8 shards a record lifetime ...
+ROSTER_REFRESH_S = 2.0  # ... but never more often than this
 # one roster read or poll; on the reader thread, so a slow DHT delays only the next read
 DHT_READ_TIMEOUT_S = 10.0
 ROSTER_MIN_GAP_S = 0.5  # roster reads asked for by parked notices start at most this often
 MAX_IDLE_S = 0.25  # the thread looks at back-offs and timers at least this often
 MAX_RESULTS_PER_WAKE = MAX_PENDING
+
+
+def roster_page_gap_s(ttl_s: float) -> float:
+    """Seconds between roster pages once the first pass is done. A pass every ttl / ROSTER_PASSES_PER_TTL
+    reads a member's card (re-signed every ttl / 4) long before the ttl / 2 that keeps it live, even if it
+    announces nothing, and costs a node the same at every record lifetime; newcomers do not wait for it
+    (their notices carry their cards, or ask for their shard at once). Past 64 nodes a page holds up to
+    128 cards whatever the swarm's size: how often it is read is what the roster costs (docs/scaling.md)."""
+    pages_per_pass = dht_rules.ROSTER_SHARDS / ROSTER_PAGE_SHARDS
+    return max(ROSTER_REFRESH_S, ttl_s / ROSTER_PASSES_PER_TTL / pages_per_pass)
 
 
 class ExchangeService:
@@ -180,7 +192,7 @@ class ExchangeService:
                 self._read_roster_now.clear()
                 last_roster = now
                 self.refresh_roster(self._roster_page())
-                gap = ROSTER_REFRESH_S if self._roster_passes else ROSTER_MIN_GAP_S
+                gap = roster_page_gap_s(self.roster.ttl_s) if self._roster_passes else ROSTER_MIN_GAP_S
                 next_roster = time.monotonic() + gap
             elif now >= next_poll:
                 get_started = time.time()

@@ -23,6 +23,7 @@ def world(tmp_path, bank, monkeypatch):
     monkeypatch.setattr(puller, "BACKOFF_BASE_S", 0.8)
     monkeypatch.setattr(service_module, "POLL_INTERVAL_S", 0.2)
     monkeypatch.setattr(service_module, "ROSTER_REFRESH_S", 0.2)
+    monkeypatch.setattr(service_module, "ROSTER_PASSES_PER_TTL", 1000)  # pages every ROSTER_REFRESH_S
     parts = data_plane_parts(tmp_path, bank)
     net, swarm_id = parts.net, parts.swarm_id
     service = ExchangeService(
