@@ -112,14 +112,19 @@ class Author:
         self.seq += 1
         return self.seq
 
-    def publish(self, *, announce: bool = True) -> tuple[bytes, bytes]:
-        """Offer a batch on the scripted network; with ``announce`` store its record in the DHT too."""
+    def publish(self, *, announce: bool = True, forged: bool = False) -> tuple[bytes, bytes]:
+        """Offer a batch on the scripted network; with ``announce`` store its record in the DHT too. A
+        ``forged`` batch's signature does not verify (announced with its own sha256: it is pulled, and its
+        verification bans the author)."""
         batch = convert.make_rollout_batch(
             self.sender.groups(), peer_id=self.peer_id, swarm_id=self.swarm_id, round=self.sender.round,
             policy_version=0, model_name="tiny", tokenizer_fingerprint="", timestamp=time.time(),
             seq=self.next_seq(),
         )  # fmt: skip
         data = codec.encode_message(self.identity, self.swarm_id, batch)
+        if forged:
+            at = data.rindex(b"\xa1s\xc4\x40") + 4  # "s", then bin8 of 64 bytes: the signature
+            data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
         ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
         record = codec.encode_message(self.identity, self.swarm_id, ann)
         self.net.served[ann.payload_sha256] = data

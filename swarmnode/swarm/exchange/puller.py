@@ -4,7 +4,10 @@ A candidate's announcement is checked once (``Verifier.check_announcement``: sig
 and, if it names a batch not pulled or accepted yet, that batch becomes *pending* with the holders heard
 of: its author first, then any peer whose notice carried the author's record (at most
 MAX_HOLDERS_PER_BATCH). Pending batches are pulled concurrently, at most MAX_PARALLEL_PULLS at once,
-authors with standing first, round-robin across authors within each share, each from its first holder
+authors with standing first, round-robin across authors within each share, one author's batches one at a
+time (the next only once the last is verified: a verification that bans its author, or finds it over its
+byte rate, comes before any more of its bytes are fetched; honest authors publish one batch a round, so
+this costs them nothing), each from its first holder
 not backed off, with a timeout proportional to the announced size (``pull_timeout_s``). A holder whose
 pull timed out (or could not be reached) is backed off for BACKOFF_BASE_S, doubling per failure up to
 BACKOFF_MAX_S, so one silent peer holds one pull slot for one timeout and is not tried again meanwhile;
@@ -176,6 +179,7 @@ class Puller:
         self._done: queue.Queue[tuple] = queue.Queue()  # finished pulls: at most MAX_PARALLEL_PULLS
         # pulls in flight and workers, per share: authors with standing (True) and without (False)
         self._in_flight = {True: 0, False: 0}
+        self._authors_pulling: set[str] = set()  # at most one pull per author until it is verified
         self._workers = {
             True: ThreadPoolExecutor(MAX_PARALLEL_PULLS, thread_name_prefix="swarm-pull"),
             False: ThreadPoolExecutor(PROBATION_PULLS, thread_name_prefix="swarm-pull-probation"),
@@ -267,6 +271,8 @@ class Puller:
                 continue  # the rest are backed off: later
             if self._in_flight[standing] >= (MAX_PARALLEL_PULLS if standing else PROBATION_PULLS):
                 continue
+            if pending.author in self._authors_pulling:
+                continue
             if not standing and not self.verifier.can_score(pending.author):
                 continue
             new_author = not standing and pending.author not in self._tried
@@ -280,6 +286,7 @@ class Puller:
                 self.budget.charge_exploration()
                 self._tried.add(pending.author)
             self._in_flight[standing] += 1
+            self._authors_pulling.add(pending.author)
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()
 
@@ -331,6 +338,7 @@ class Puller:
         except queue.Empty:
             return False
         self._in_flight[standing] -= 1
+        self._authors_pulling.discard(key[0])  # this call verifies it before any other pull starts
         pending = self.pending.get(key)
         if pending is None:  # given up meanwhile (expired)
             return True

@@ -256,6 +256,27 @@ def test_a_notice_is_pulled_while_earlier_batches_are_still_being_verified(world
     assert wait_until(lambda: received(world) == 6, 10)
 
 
+def test_no_more_of_an_authors_batches_are_fetched_before_its_last_one_is_verified(world):
+    """CI saw a flooder's batch fetched after the batch whose verification banned it: its pulls ran in
+    parallel, so bytes of a peer over its rate (or forging) were fetched before the verdict. The worst case
+    here: valid batches and a forged one (an immediate ban), all pending at once, served slowly. One
+    author's batches are fetched one at a time, the newest first: the forged one, its verification, the
+    ban, and nothing more from it (the old code fetched all of them in parallel)."""
+    world.net.serve_delay_s = 0.5
+    author = world.authors(1, standing=True)[0]
+    earlier = [author.publish(announce=False) for _ in range(3)]
+    forged_record, _ = author.publish(announce=False, forged=True)
+    for record, _ in [*earlier, (forged_record, None)]:
+        assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
+    world.start()
+    assert wait_until(lambda: world.book.is_banned(author.peer_id), 10)
+    time.sleep(2 * world.net.serve_delay_s)  # what was started before the ban would be in now
+    earlier_digests = {limits.payload_digest(data) for _, data in earlier}
+    assert world.net.max_in_flight == 1
+    assert not earlier_digests & set(world.net.fetched)
+    assert world.verifier.rejections["bad_signature"] == 1 and not world.verifier.rejections["banned"]
+
+
 def test_a_notice_that_carries_its_authors_card_needs_no_roster_read(world, monkeypatch):
     """At 32 nodes on 2 cores roster reads kept timing out and notices from authors not yet read were
     dropped (unknown_author). The author's card comes with its notice and is checked like one read from
