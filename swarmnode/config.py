@@ -222,10 +222,11 @@ class OffPolicyConfig(_Strict):
     foreign: Literal["none", "luffy"] = Field(
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
-    peer_defence: Literal["none", "span", "token_budget", "rescue"] = Field(
+    peer_defence: Literal["none", "span", "span_multiscale", "token_budget", "rescue"] = Field(
         "span",
         description="What peer text beyond its verified answer may teach (learn/peer_defence.py, #29): none; "
-        "span = peer tokens in spans this node would not write (its own log-probs) leave the loss; "
+        "span = peer tokens in 8-token spans this node would not write (its own log-probs) leave the loss; "
+        "span_multiscale = the same over spans of 1, 2, 4 and 8 tokens; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
         "node fails at.",
     )

@@ -12,7 +12,12 @@ never a number the sender chose (``offpolicy.peer_defence``):
   is the OWN_QUANTILE quantile of the same windows over this round's own samples (what this node does
   write, at its own temperature) minus FLOOR_MARGIN nats per token: a payload the node has not learned
   sits far below it (measured: -6.7 nats per token against -0.6 to -1.2 for its own samples), and since
-  gated tokens never train, the payload's log-prob does not climb toward it.
+  gated tokens never train, the payload's log-prob does not climb toward it. A payload of a token or two
+  inside fluent text ("The answer is seven.") is averaged away in a window of 8: measured, it was learned
+  as fast as undefended (docs/poisoning.md).
+- ``span_multiscale``: the same gate over windows of 1, 2, 4 and 8 tokens (SPAN_WINDOWS), each with its
+  own floor from this round's own windows of that size, so a short payload is judged at its own length;
+  a token leaves the loss if any of its windows is below its floor.
 - ``token_budget``: per producer, the peer sequences' total |advantage| x tokens is capped at what one
   of this round's own groups has on average, so no identity outweighs one local group however long or
   many its completions (slows a payload; does not stop it).
@@ -34,11 +39,12 @@ import torch.nn.functional as F
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.rollouts import RolloutGroup
 
-Defence = Literal["none", "span", "token_budget", "rescue"]
+Defence = Literal["none", "span", "span_multiscale", "token_budget", "rescue"]
 SPAN_WINDOW = 8  # tokens in a window
+SPAN_WINDOWS = {"span": (SPAN_WINDOW,), "span_multiscale": (1, 2, 4, SPAN_WINDOW)}  # the gates' sizes
 OWN_QUANTILE = 0.01  # the floor: this quantile of the round's own windows' mean log-prob ...
 FLOOR_MARGIN = 1.0  # ... minus this many nats per token
-FLOOR_WITHOUT_OWN = -5.0  # the floor when this round has no own window to judge from
+FLOOR_WITHOUT_OWN = -5.0  # the SPAN_WINDOW floor when this round has no own window to judge from
 RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
 
 
@@ -59,11 +65,14 @@ def window_means(logp: torch.Tensor, mask: torch.Tensor, window: int = SPAN_WIND
     return torch.where(full, total / window, torch.full_like(total, float("nan")))
 
 
-def own_floor(own_means: Sequence[torch.Tensor]) -> float:
-    """The span floor from this round's own windows (``window_means`` of each own micro-batch)."""
+def own_floor(
+    own_means: Sequence[torch.Tensor], without_own: float | None = FLOOR_WITHOUT_OWN
+) -> float | None:
+    """The span floor from this round's own windows (``window_means`` of each own micro-batch);
+    ``without_own`` if there are none (None: no gate at this size)."""
     values = torch.cat([m[~torch.isnan(m)].flatten() for m in own_means]) if own_means else torch.empty(0)
     if values.numel() == 0:
-        return FLOOR_WITHOUT_OWN
+        return without_own
     return float(torch.quantile(values, OWN_QUANTILE)) - FLOOR_MARGIN
 
 

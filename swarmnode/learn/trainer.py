@@ -43,7 +43,14 @@ from swarmnode.learn.offpolicy import (
     ess_lr_scale,
     remix_kl_coef,
 )
-from swarmnode.learn.peer_defence import own_floor, span_keep, window_means
+from swarmnode.learn.peer_defence import (
+    FLOOR_WITHOUT_OWN,
+    SPAN_WINDOW,
+    SPAN_WINDOWS,
+    own_floor,
+    span_keep,
+    window_means,
+)
 from swarmnode.learn.precision import autocast_dtype
 from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
@@ -111,23 +118,30 @@ class UpdateTotals:
 
 
 class SpanGate:
-    """``offpolicy.peer_defence=span`` over one step (peer_defence.py): own micro-batches come first
-    (``Trainer._batches``), so the floor is taken from all of them before the first peer micro-batch,
-    once per step."""
+    """``offpolicy.peer_defence=span`` (or ``span_multiscale``) over one step (peer_defence.py): own
+    micro-batches come first (``Trainer._batches``), so the floors are taken from all of them before the
+    first peer micro-batch, once per step; one floor per window size."""
 
-    def __init__(self) -> None:
-        self._own: list[torch.Tensor] = []
-        self.floor: float | None = None
+    def __init__(self, windows: tuple[int, ...]) -> None:
+        self.windows = windows
+        self._own: dict[int, list[torch.Tensor]] = {w: [] for w in windows}
+        self.floors: dict[int, float | None] | None = None
 
     def keep(self, old_logp: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
         """The micro-batch's mask: unchanged for own data, without the low spans for a peer's."""
         if trusted:
-            if self.floor is None:
-                self._own.append(window_means(old_logp, mask))
+            if self.floors is None:
+                for w in self.windows:
+                    self._own[w].append(window_means(old_logp, mask, w))
             return mask
-        if self.floor is None:
-            self.floor = own_floor(self._own)
-        return span_keep(old_logp, mask, self.floor)
+        if self.floors is None:  # without own windows only SPAN_WINDOW has a floor (FLOOR_WITHOUT_OWN)
+            fallback = {SPAN_WINDOW: FLOOR_WITHOUT_OWN}
+            self.floors = {w: own_floor(self._own[w], fallback.get(w)) for w in self.windows}
+        keep = mask.bool()
+        for w, floor in self.floors.items():
+            if floor is not None:
+                keep = keep & span_keep(old_logp, mask, floor, w)
+        return keep
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -201,7 +215,8 @@ class Trainer:
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None
         off = self.offpolicy
-        span = SpanGate() if off.peer_defence == "span" else None
+        windows = SPAN_WINDOWS.get(off.peer_defence)
+        span = SpanGate(windows) if windows else None
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
             # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL

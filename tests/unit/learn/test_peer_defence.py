@@ -15,7 +15,7 @@ import torch
 from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig
 from swarmnode.learn import peer_defence
 from swarmnode.learn.batch import TrainSequence
-from swarmnode.learn.trainer import Trainer
+from swarmnode.learn.trainer import SpanGate, Trainer
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
@@ -74,13 +74,36 @@ def _step(sequences, defence: str):
     return trainer.step(sequences)
 
 
-def test_the_span_gate_keeps_a_payload_out_of_the_loss_and_an_honest_peer_in(world):
+@pytest.mark.parametrize("defence", ["span", "span_multiscale"])
+def test_the_span_gate_keeps_a_payload_out_of_the_loss_and_an_honest_peer_in(world, defence):
     _, own, honest, crafted, _ = world
-    assert _step([*own, honest], "span").peer_gated_frac == 0.0
-    gated = _step([*own, crafted], "span").peer_gated_frac
+    assert _step([*own, honest], defence).peer_gated_frac == 0.0
+    gated = _step([*own, crafted], defence).peer_gated_frac
     assert gated >= PAYLOAD_TOKENS / len(crafted.completion_ids)  # at least the payload, never the whole
     assert gated < 1.0
     assert _step([*own, crafted], "none").peer_gated_frac == 0.0  # without the defence it trains
+
+
+def test_the_multiscale_gate_catches_a_one_token_payload_that_the_8_token_window_averages_away():
+    """The behaviour payload ("The answer is seven.") is a token or two in fluent text: in a window of 8
+    its mean is above the floor, and `span` let the node learn it as fast as undefended (docs/poisoning.md).
+    Here: own text at -1 nats a token with the odd -3 (what a node samples at temperature 1), a peer
+    completion like it with one -9 token in the middle, and an honest one with its own -3s."""
+    own = torch.full((4, 40), -1.0)
+    own[:, ::10] = -3.0
+    honest = own[:1].clone()
+    crafted = torch.full((1, 40), -1.0)
+    crafted[0, 20] = -9.0
+    mask = torch.ones(1, 40, dtype=torch.bool)
+
+    def gated(defence: str, peer: torch.Tensor) -> int:
+        gate = SpanGate(peer_defence.SPAN_WINDOWS[defence])
+        gate.keep(own, torch.ones_like(own, dtype=torch.bool), trusted=True)
+        return int((~gate.keep(peer, mask, trusted=False)).sum())
+
+    assert gated("span", crafted) == 0  # -2.0 over its 8-token windows: above that size's floor
+    assert gated("span_multiscale", crafted) >= 1 and gated("span_multiscale", crafted) <= 2 * 4 - 1
+    assert gated("span_multiscale", honest) == gated("span", honest) == 0
 
 
 def test_span_keep_masks_the_windows_below_the_floor_and_nothing_far_from_them():
