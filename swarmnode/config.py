@@ -223,7 +223,7 @@ class OffPolicyConfig(_Strict):
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
     peer_defence: Literal["none", "span", "span_multiscale", "token_budget", "rescue"] = Field(
-        "span",
+        "span_multiscale",
         description="What peer text beyond its verified answer may teach (learn/peer_defence.py, #29): none; "
         "span = peer tokens in 8-token spans this node would not write (its own log-probs) leave the loss; "
         "span_multiscale = the same over spans of 1, 2, 4 and 8 tokens; "
