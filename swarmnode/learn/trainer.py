@@ -123,20 +123,21 @@ class SpanGate:
     first peer micro-batch, once per step; one floor per window size."""
 
     def __init__(self, windows: tuple[int, ...]) -> None:
-        self.windows = windows
-        self._own: dict[int, list[torch.Tensor]] = {w: [] for w in windows}
+        self._own: dict[int, list[torch.Tensor]] = {w: [] for w in windows}  # own window means, per size
         self.floors: dict[int, float | None] | None = None
 
     def keep(self, old_logp: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
         """The micro-batch's mask: unchanged for own data, without the low spans for a peer's."""
         if trusted:
             if self.floors is None:
-                for w in self.windows:
-                    self._own[w].append(window_means(old_logp, mask, w))
+                for w, means in self._own.items():
+                    means.append(window_means(old_logp, mask, w))
             return mask
         if self.floors is None:  # without own windows only SPAN_WINDOW has a floor (FLOOR_WITHOUT_OWN)
-            fallback = {SPAN_WINDOW: FLOOR_WITHOUT_OWN}
-            self.floors = {w: own_floor(self._own[w], fallback.get(w)) for w in self.windows}
+            self.floors = {
+                w: own_floor(means, FLOOR_WITHOUT_OWN if w == SPAN_WINDOW else None)
+                for w, means in self._own.items()
+            }
         keep = mask.bool()
         for w, floor in self.floors.items():
             if floor is not None:

@@ -21,7 +21,7 @@ from swarmnode.swarm.exchange.standing import ScoringBudget
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
-from tests.helpers.verify_world import Peer
+from tests.helpers.verify_world import Peer, flip, signature_offset
 
 TTL_S = 60.0  # the records' lifetime, and the age an announcement may have
 
@@ -123,8 +123,7 @@ class Author:
         )  # fmt: skip
         data = codec.encode_message(self.identity, self.swarm_id, batch)
         if forged:
-            at = data.rindex(b"\xa1s\xc4\x40") + 4  # "s", then bin8 of 64 bytes: the signature
-            data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+            data = flip(data, signature_offset(data))
         ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
         record = codec.encode_message(self.identity, self.swarm_id, ann)
         self.net.served[ann.payload_sha256] = data
