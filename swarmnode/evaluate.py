@@ -19,13 +19,23 @@ from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import TaskRef
 from swarmnode.tasks import TaskBank
 
+# prompts decoded together, in order of length: 1.6-2.2x the speed of 16 in arrival order on 2 CPU cores,
+# the same texts (128 of E1's questions, SmolLM2)
+EVAL_BATCH = 64
+
 
 @torch.no_grad()
-def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+def greedy_texts(
+    policy, prompts: list[list[int]], max_new_tokens: int, batch_size: int = EVAL_BATCH
+) -> list[str]:
+    """Greedy completions of ``prompts``, in their order. Batches are taken in order of prompt length, so a
+    batch pads its prompts by little."""
     tok = policy.tokenizer
-    texts = []
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start : start + batch_size], tok.pad_token_id)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    texts: list[str] = [""] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        ids, mask = left_pad([prompts[i] for i in batch], tok.pad_token_id)
         width = ids.shape[1]
         out = policy.model.generate(
             input_ids=ids.to(policy.device),
@@ -34,7 +44,8 @@ def greedy_texts(policy, prompts: list[list[int]], max_new_tokens: int, batch_si
             max_new_tokens=max_new_tokens,
             pad_token_id=tok.pad_token_id,
         )
-        texts.extend(tok.decode(row[width:], skip_special_tokens=True) for row in out)
+        for i, row in zip(batch, out, strict=True):
+            texts[i] = tok.decode(row[width:], skip_special_tokens=True)
     return texts
 
 

@@ -181,3 +181,19 @@ def test_probing_draws_no_randomness_and_survives_a_write_failure(policies, tmp_
     result = probe.run(0)
     assert torch.equal(torch.random.get_rng_state(), before)  # a probe leaves the run's random stream alone
     assert failures.count == 1 and result.round == 0 and set(result.as_dict()) == LINE_KEYS
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_answers_come_back_in_the_prompts_order_whatever_the_batching(policies, family: str) -> None:
+    """Batches are taken in order of prompt length: each prompt still gets its own completion, the same
+    as decoded alone."""
+    from swarmnode.evaluate import greedy_texts
+
+    policy = policies[family]
+    vocab = policy.tokenizer.vocab_size
+    lengths = [9, 3, 14, 5, 3, 11, 7]  # unsorted, with a tie
+    prompts = [[(17 * i + 5 * j) % (vocab - 10) + 5 for j in range(n)] for i, n in enumerate(lengths)]
+    alone = [greedy_texts(policy, [prompt], 6)[0] for prompt in prompts]
+    assert len(set(alone)) > 1  # the prompts' completions differ: a mix-up would show
+    assert greedy_texts(policy, prompts, 6, batch_size=3) == alone
+    assert greedy_texts(policy, prompts, 6) == alone
