@@ -17,6 +17,7 @@ import time
 import pytest
 
 from swarmnode.experiment.processes import read_jsonl, start_bootstrap, start_node
+from swarmnode.status import format_status, read_status
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV, SHARE_TRACE_FILE
 from tests.helpers import netns
 
@@ -81,6 +82,11 @@ def test_two_nodes_behind_nat_train_on_each_others_groups_through_a_relay(tmp_pa
                 producers = {line["producer"] for line in read_jsonl(tmp_path / name / "peer_groups.jsonl")}
                 assert producers == {ids[other]}, (producers, node.output())
                 assert "holder" not in status["pulls_by_source"], status["pulls_by_source"]
+                # what `swarmnode status` prints names that peer with what was trained from it (#30: it
+                # listed only the relay), and says how the node is connected
+                shown = format_status(read_status(tmp_path / name)).splitlines()
+                assert any(ids[other] in line and "trained on " in line for line in shown), shown
+                assert any(line.startswith("connection: client mode") for line in shown), shown
                 # ... and the bytes went through the bootstrap: never a TCP connection between the two
                 assert talked_to[name] == {net["boot"].ip}, talked_to
     finally:
