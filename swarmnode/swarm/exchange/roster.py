@@ -198,6 +198,19 @@ class Roster:
             standing = {peer for peer in self.live if self.book.has_standing(peer)}
             return standing or {peer for peer in self.live if peer not in self._missed}
 
+    def running_peer(self) -> bool:
+        """Whether a peer that is live now (not banned, signed within ``ttl_s`` / 2) has started its rounds:
+        its newest signed message names round 1 or later. The swarm runs already, and a node that went on
+        waiting for ``min_peers`` would only start a cohort behind it (32 loopback nodes: 11 waited out
+        ``wait_for_peers_s`` while the other 21 ran all their rounds, docs/scaling.md)."""
+        now = time.time()
+        with self.lock:
+            for peer in self.cards:
+                round_, _, signed = self.progress(peer)
+                if round_ >= 1 and now - signed < self.ttl_s / 2 and not self.book.is_banned(peer):
+                    return True
+            return False
+
     def missed(self, peers: set[str]) -> None:
         """``peers`` were waited for and did not deliver: those without standing are not waited for again."""
         with self.lock:

@@ -166,21 +166,26 @@ class Swarm:
             self.state.counters.groups_published += len(groups)
 
     def wait_for_peers(self) -> set[str]:
-        """Block until ``swarm.min_peers`` live peers are in the roster, or ``wait_for_peers_s`` passes."""
+        """Block until ``swarm.min_peers`` live peers are in the roster, a peer has started its rounds (the
+        swarm runs already: ``Roster.running_peer``), or ``wait_for_peers_s`` passes."""
         wanted = self.cfg.swarm.min_peers
         deadline = time.monotonic() + self.cfg.swarm.wait_for_peers_s
         state, roster = self.state, self.roster
+        running = False
         with state.lock:  # the service reads the roster and notifies ``changed``
             while not roster.reads and time.monotonic() < deadline:
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))
             if len(roster.live) < wanted:
                 log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
-            while len(roster.live) < wanted and time.monotonic() < deadline:
+            while len(roster.live) < wanted and not (running := roster.running_peer()):
+                if time.monotonic() >= deadline:
+                    break
                 self.service.read_roster_soon()  # a page every ROSTER_MIN_GAP_S while peers are missing
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))
             live = set(roster.live)
         if len(live) < wanted:
-            log(f"starting with {len(live)} of {wanted} peers: waited {self.cfg.swarm.wait_for_peers_s:.0f}s")
+            why = "its rounds have begun" if running else f"waited {self.cfg.swarm.wait_for_peers_s:.0f}s"
+            log(f"starting with {len(live)} of {wanted} peers: {why}")
         return live
 
     def exchange(self, round_: int, policy_version: int, local: list[RolloutGroup]) -> list[RolloutGroup]:

@@ -43,3 +43,19 @@ def test_client_mode_is_in_status_json_and_an_older_file_reads_without_it():
     assert SwarmStatus.from_dict(written) == status
     older = {k: v for k, v in written.items() if k not in ("client_mode", "reachability")}
     assert SwarmStatus.from_dict(older).client_mode is False
+
+
+def test_a_live_peer_past_its_start_tells_a_waiting_node_the_swarm_is_running(world):
+    """``wait_for_peers`` stops waiting for ``min_peers`` once a live peer has begun its rounds (#27: 11 of
+    32 loopback nodes waited out ``wait_for_peers_s`` while the other 21 ran all their rounds); a card
+    alone (round 0: started, no round yet) or a banned peer's announcement says nothing."""
+    fresh, banned = world.authors(2)
+    world.service.refresh_roster()
+    assert not world.roster.running_peer()  # two cards of round 0
+    record, _ = banned.publish(announce=False)
+    world.service.puller.consider(Candidate(record, banned.peer_id, banned.peer_id, "notice", 0.0, 0.0))
+    world.book.ban(banned.peer_id, "forged")
+    assert world.roster.progress(banned.peer_id)[0] == 1 and not world.roster.running_peer()
+    record, _ = fresh.publish(announce=False)
+    world.service.puller.consider(Candidate(record, fresh.peer_id, fresh.peer_id, "notice", 0.0, 0.0))
+    assert world.roster.running_peer()
