@@ -372,7 +372,10 @@ class SwarmConfig(_Strict):
         10.0, gt=0, description="How long a round waits for peer groups before training without them."
     )
     min_peers: int = Field(
-        0, ge=0, description="Peers to wait for before the first round (0 = start at once)."
+        0,
+        ge=0,
+        description="Peers to wait for before the first round (0 = start at once); the wait also ends once "
+        "a live peer has begun its rounds (the swarm is running: join it).",
     )
     wait_for_peers_s: float = Field(
         120.0, gt=0, description="Longest wait for min_peers before starting anyway."
