@@ -180,11 +180,7 @@ class Roster:
                 self.admit(peer, record, now)
             for peer in [p for p in self.cards if now - self._signed_last(p) > self.ttl_s]:
                 self._remove(peer)
-            self.live = {
-                peer
-                for peer in self.cards
-                if now - self._signed_last(peer) < self.ttl_s / 2 and not self.book.is_banned(peer)
-            }
+            self.live = {peer for peer in self.cards if self._is_live(peer, now)}
             self.reads += 1
             for shard in range(dht_rules.ROSTER_SHARDS) if shards is None else shards:
                 self.shard_reads[shard] += 1
@@ -205,11 +201,7 @@ class Roster:
         ``wait_for_peers_s`` while the other 21 ran all their rounds, docs/scaling.md)."""
         now = time.time()
         with self.lock:
-            for peer in self.cards:
-                round_, _, signed = self.progress(peer)
-                if round_ >= 1 and now - signed < self.ttl_s / 2 and not self.book.is_banned(peer):
-                    return True
-            return False
+            return any(self.progress(peer)[0] >= 1 and self._is_live(peer, now) for peer in self.cards)
 
     def missed(self, peers: set[str]) -> None:
         """``peers`` were waited for and did not deliver: those without standing are not waited for again."""
@@ -260,6 +252,10 @@ class Roster:
 
     def _signed_last(self, peer: str) -> float:
         return self.progress(peer)[2]
+
+    def _is_live(self, peer: str, now: float) -> bool:
+        """Signed something within half a record lifetime and not banned (module docstring)."""
+        return now - self._signed_last(peer) < self.ttl_s / 2 and not self.book.is_banned(peer)
 
     def _ignore(self, peer: str, why: str) -> None:
         """Say once per peer why its card is not taken."""

@@ -177,8 +177,8 @@ class Swarm:
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))
             if len(roster.live) < wanted:
                 log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
-            while len(roster.live) < wanted and not (running := roster.running_peer()):
-                if time.monotonic() >= deadline:
+            while len(roster.live) < wanted and time.monotonic() < deadline:
+                if running := roster.running_peer():
                     break
                 self.service.read_roster_soon()  # a page every ROSTER_MIN_GAP_S while peers are missing
                 state.changed.wait(max(deadline - time.monotonic(), 0.0))

@@ -13,6 +13,12 @@ def _status(world) -> SwarmStatus:
     return SwarmStatus.take(roster=world.roster, state=world.state, book=world.book, rejections={})
 
 
+def _announce(world, author) -> None:
+    """``author``'s next batch announcement, as a notice from it reaches the node."""
+    record, _ = author.publish(announce=False)
+    world.service.puller.consider(Candidate(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0))
+
+
 def test_a_peers_round_is_its_newest_announcements_with_that_announcements_age(world):
     """Its card says round 0 and is 10 s old; its batch announcements since say round 3 (seen before the
     fix: "round 0", aged as the card, for a peer three rounds on)."""
@@ -21,8 +27,7 @@ def test_a_peers_round_is_its_newest_announcements_with_that_announcements_age(w
     assert _status(world).peers[author.peer_id].round == 0  # the card alone: its round, its age
     assert _status(world).peers[author.peer_id].seen_s_ago >= CARD_AGE_S
     for _ in range(3):
-        record, _ = author.publish(announce=False)
-        world.service.puller.consider(Candidate(record, author.peer_id, author.peer_id, "notice", 0.0, 0.0))
+        _announce(world, author)
     peer = _status(world).peers[author.peer_id]
     assert peer.round == author.sender.round == 3
     assert peer.seen_s_ago < CARD_AGE_S / 2, peer  # the announcement's age, not the card's
@@ -52,10 +57,8 @@ def test_a_live_peer_past_its_start_tells_a_waiting_node_the_swarm_is_running(wo
     fresh, banned = world.authors(2)
     world.service.refresh_roster()
     assert not world.roster.running_peer()  # two cards of round 0
-    record, _ = banned.publish(announce=False)
-    world.service.puller.consider(Candidate(record, banned.peer_id, banned.peer_id, "notice", 0.0, 0.0))
+    _announce(world, banned)
     world.book.ban(banned.peer_id, "forged")
     assert world.roster.progress(banned.peer_id)[0] == 1 and not world.roster.running_peer()
-    record, _ = fresh.publish(announce=False)
-    world.service.puller.consider(Candidate(record, fresh.peer_id, fresh.peer_id, "notice", 0.0, 0.0))
+    _announce(world, fresh)
     assert world.roster.running_peer()
