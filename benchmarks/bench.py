@@ -4,6 +4,9 @@
     python -m benchmarks.bench train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
     python -m benchmarks.bench round  [--config F] [--rounds 2] [--backends hf vllm] [--set K=V ...]
     python -m benchmarks.bench all    (the three, one after the other)
+
+``--device`` also sets the round's ``model.device``; ``--tokenizer DIR`` gives ``--model qwen2-0.5b`` its
+tokenizer on a machine without the embedded model (the GPU machine: its GGUF does not travel there).
     python -m benchmarks.bench colocate  (the training step before and after a vLLM engine starts)
 
 Each prints a table headed by the machine it ran on (``--json FILE`` also writes everything). The two
@@ -26,12 +29,15 @@ with the load, which the header reports. Results and their reading: docs/perform
   it natively (``--bf16``: anyway); each against TRL's step at the same precision. tokens/s =
   completion tokens / step seconds; ``tokens_computed`` = tokens the model runs per step (padding
   included); ``peak_mib`` = the most memory one step held beyond what was held before it
-  (``benchmarks/memory.py``).
+  (``benchmarks/memory.py``); ``weights_changed`` = the share of the weights one step changed (bf16
+  weights drop updates below their resolution: ``model.dtype``).
 - colocate: the same training step timed before and after a vLLM engine starts in the process (vLLM's
   CPU worker binds OpenMP threads to cores; this shows what the learner beside it pays), with torch's
   thread count, the main thread's CPU affinity and CPU seconds per wall second (cores kept busy).
 - round: ``swarmnode solo`` with ``sampling.backend=hf`` then ``=vllm`` (fresh run folders), each
-  round's seconds by phase from metrics.jsonl, and the whole command's wall time.
+  round's seconds by phase from metrics.jsonl, and the whole command's wall time. With ``--model
+  qwen2-0.5b`` the runs load the random model from a temporary folder: it never answers right, so its
+  rounds sample, score and sync but have no group to train on.
 
 ``--model qwen2-0.5b`` builds a random model with Qwen2-0.5B's layer shapes (24 layers, 896 wide,
 GQA 14/2) and the embedded tokenizer's 49k vocabulary (0.40B parameters) -- meant for ``--device cuda``.
@@ -44,6 +50,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,12 +84,15 @@ PHASES = ("sample", "score", "share", "train", "sync")
 # ---------------------------------------------------------------- setup
 
 
-def build_policy(model: str, device: str) -> Policy:
+def build_policy(model: str, device: str, dtype: str = "auto", tokenizer_dir: Path | None = None) -> Policy:
+    """The embedded SmolLM2, or a random model of Qwen2-0.5B's shape with the embedded tokenizer (or the
+    one in ``tokenizer_dir``: a machine without the embedded model's GGUF can still run it); weights in
+    ``dtype`` as ``model.dtype`` reads it."""
     if model == "embedded":
-        return load_policy(ModelConfig(device=device))
+        return load_policy(ModelConfig(device=device, dtype=dtype))
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
 
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_folder())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or embedded_model_folder())
     tokenizer.padding_side = "left"
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -97,11 +107,11 @@ def build_policy(model: str, device: str) -> Policy:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    weights = torch.float32 if dtype == "auto" else getattr(torch, dtype)
     torch.manual_seed(0)
-    net = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
+    net = AutoModelForCausalLM.from_config(config, dtype=weights).to(device).eval()
     return Policy(
-        net, tokenizer, "qwen2-0.5b-random", torch.device(device), dtype, tokenizer_fingerprint(tokenizer)
+        net, tokenizer, "qwen2-0.5b-random", torch.device(device), weights, tokenizer_fingerprint(tokenizer)
     )
 
 
@@ -371,8 +381,9 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
     if not supported:
         out["shared_prompt"] = f"not supported by {policy.name}: every row trains plain"
     sides: dict = {}
+    weights = "fp32" if policy.dtype == torch.float32 else "bf16weights"  # rows without autocast
     for layout, mode in variants:
-        precision = "fp32" if mode == "off" else "bf16"
+        precision = weights if mode == "off" else "bf16"
 
         def step(layout=layout, mode=mode):
             ours.layout = layout if supported else "plain"
@@ -385,14 +396,19 @@ def bench_train(args, policy: Policy, samplers: dict) -> dict:
         out[f"{layout}_{precision}_tokens_computed"] = computed
     try:
         theirs = TRLStep(policy.model, policy.tokenizer, sequences, cfg, args.completions)
-        for precision in dict.fromkeys("fp32" if m == "off" else "bf16" for _, m in variants):
-            dtype = None if precision == "fp32" else torch.bfloat16
+        for precision in dict.fromkeys(weights if m == "off" else "bf16" for _, m in variants):
+            dtype = torch.bfloat16 if precision == "bf16" else None
             sides[f"trl_{precision}"] = lambda dtype=dtype: theirs.step(ours.optimizer, dtype)
     except ImportError:
         out["trl_missing"] = "TRL is not installed (pip install -e '.[bench]')"
     seconds, cpu, peak = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0)
-    for side in sides.values():  # warm-up
+    trainable = [p for p in policy.model.parameters() if p.requires_grad]
+    for name, side in sides.items():  # warm-up, and the share of the weights one step changes
+        before = [p.detach().clone() for p in trainable]
         side()
+        moved = sum(int((p.detach() != b).sum()) for p, b in zip(trainable, before, strict=True))
+        out[f"{name}_weights_changed"] = moved / sum(p.numel() for p in trainable)
+        del before
     for rep in range(args.repeats):
         for name, side in sides.items():
             (_, wall, used), held = peak_bytes(lambda side=side: cpu_timed(side), policy.device)
@@ -456,13 +472,20 @@ def bench_round(args) -> dict:
     backends = tuple(b for b in installed if b in args.backends)
     if not backends:
         raise SystemExit(f"--backends {' '.join(args.backends)}: none installed (installed: {installed})")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
+    overrides = [f"model.device={args.device}", f"model.dtype={args.dtype}", *args.set]
+    if args.model != "embedded":  # the solo runs load the random model from a folder
+        policy = build_policy(args.model, args.device, args.dtype, args.tokenizer)
+        policy.model.save_pretrained(workdir / "model")
+        policy.tokenizer.save_pretrained(workdir / "model")
+        overrides.append(f"model.name={workdir / 'model'}")
+        del policy
     out: dict = {
         "command": f"swarmnode solo --config {args.config} --rounds {args.rounds} --set sampling.backend=B"
-        + "".join(f" --set {s}" for s in args.set),
+        + "".join(f" --set {s}" for s in overrides),
         "backends": ", ".join(backends) + ("" if "vllm" in installed else " (vLLM is not installed)"),
         "load_at_start": os.getloadavg()[0],
     }
-    workdir = Path(tempfile.mkdtemp(prefix="bench-round-"))
     procs = {}
     for backend in backends:
         cmd = [
@@ -470,7 +493,7 @@ def bench_round(args) -> dict:
             "--rounds", str(args.rounds), "--run-dir", str(workdir / backend),
             "--set", f"sampling.backend={backend}", "--set", "run.metrics_port=null",
         ]  # fmt: skip
-        for override in args.set:
+        for override in overrides:
             cmd += ["--set", override]
         log = (workdir / f"{backend}.log").open("w")
         procs[backend] = (
@@ -502,6 +525,7 @@ def bench_round(args) -> dict:
         out["vllm_over_hf_round_time"] = out["hf_rounds_total_s"] / out["vllm_rounds_total_s"]
     out["run_dirs"] = str(workdir)  # logs and metrics stay for a look; the checkpoints (GBs) do not
     drop_checkpoints([workdir / backend for backend in procs])
+    shutil.rmtree(workdir / "model", ignore_errors=True)  # the random model's weights, if saved
     return out
 
 
@@ -525,6 +549,12 @@ def main() -> None:
     parser.add_argument("what", choices=["sample", "train", "round", "all", "colocate"])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--model", choices=["embedded", "qwen2-0.5b"], default="embedded")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16"], default="auto", help="the weights, as model.dtype"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, help="--model qwen2-0.5b: its tokenizer folder (default: the embedded one)"
+    )
     parser.add_argument("--questions", type=int, default=8)
     parser.add_argument("--completions", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -550,7 +580,7 @@ def main() -> None:
     print(f"native bf16: {bf16_native(torch.device(args.device))}; torch threads {torch.get_num_threads()}")
     results: dict = {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}}
     if args.what != "round":
-        policy = build_policy(args.model, args.device)
+        policy = build_policy(args.model, args.device, args.dtype, args.tokenizer)
         n_params = sum(p.numel() for p in policy.model.parameters())
         print(
             f"model: {policy.name}, {n_params / 1e6:.1f}M params, {str(policy.dtype).removeprefix('torch.')}"

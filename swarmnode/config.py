@@ -69,7 +69,10 @@ class ModelConfig(_Strict):
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the 'tiny' model.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto = bfloat16 on CUDA, float32 on CPU."
+        "auto",
+        description="The learner's weights. auto = float32 everywhere (on CUDA the forward pass runs in bf16 "
+        "through train.autocast); bfloat16/float16 halve their memory but drop AdamW updates smaller "
+        "than their resolution, most of them at RL learning rates.",
     )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
     gradient_checkpointing: bool | None = Field(

@@ -84,7 +84,13 @@ def load_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
     Raises PolicyError for anything the user can fix (missing model, missing package, no CUDA).
     """
     device = _resolve_device(cfg.device)
-    dtype = _resolve_dtype(cfg.dtype, device)
+    dtype = _resolve_dtype(cfg.dtype)
+    if dtype != torch.float32 and cfg.lora is None:
+        log(
+            f"model.dtype={cfg.dtype}: the learner's own weights are {cfg.dtype}, and AdamW updates smaller "
+            "than their resolution are dropped (most of them at RL learning rates); model.dtype=auto keeps "
+            "fp32 weights and computes in bf16 on CUDA"
+        )
     if cfg.name == EMBEDDED_MODEL:
         model, tokenizer = _load_folder(embedded_model_folder(cfg.cache_dir), dtype, cfg.name)
     elif cfg.name == "tiny":
@@ -160,15 +166,16 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` = bfloat16 on CUDA, float32 on CPU.
+def _resolve_dtype(name: str) -> torch.dtype:
+    """``auto`` = float32 on every device: these weights are the learner's master weights.
 
-    On CPU we keep float32: RL steps at small learning rates make updates far below bfloat16's
-    resolution (8 bits of mantissa), so bf16 weights would silently drop most of them, and CPUs gain
-    little speed from bf16 training anyway.
+    RL steps at small learning rates (1e-6 by default) move a weight far less than bfloat16's resolution
+    (8 bits of mantissa), so bf16 weights drop most updates: on an H100 one AdamW step of a bf16 model at
+    lr 1e-6 changed only a small share of its weights (docs/performance.md, "CUDA"). On CUDA the forward
+    pass still runs in bf16, through ``train.autocast=auto`` over these fp32 weights.
     """
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.float32
     return getattr(torch, name)
 
 

@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from swarmnode import policy as policy_module
 from swarmnode.config import ModelConfig, OffPolicyConfig, TinyModelConfig, TrainConfig
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.learn.trainer import Trainer, source_of
@@ -178,3 +179,20 @@ def test_a_round_that_trains_leaves_no_gradients_behind():
     record = run_round(ctx, 1)
     assert record.train.tokens > 0 and trainer.policy_version == 1
     assert all(p.grad is None for p in policy.model.parameters())
+
+
+def _share_changed_by_a_step(sequences, dtype: str) -> float:
+    policy = load_policy(ModelConfig(name="tiny", dtype=dtype))
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    Trainer(policy.model, policy.tokenizer.pad_token_id, TrainConfig()).step(sequences)  # lr 1e-6
+    moved = sum(int((p.detach() != b).sum()) for p, b in zip(policy.model.parameters(), before, strict=True))
+    return moved / sum(b.numel() for b in before)
+
+
+def test_the_default_weights_keep_a_step_at_the_default_learning_rate(sampled):
+    """model.dtype=auto resolves to fp32 on every device, CUDA included (it was bf16 there): bf16 weights
+    drop AdamW updates below their resolution, which at RL learning rates is nearly all of them."""
+    _, sequences = sampled
+    assert policy_module._resolve_dtype("auto") == torch.float32
+    assert _share_changed_by_a_step(sequences, "auto") > 0.5
+    assert _share_changed_by_a_step(sequences, "bfloat16") < 0.1
