@@ -13,9 +13,15 @@ Cards are checked alike wherever they come from: signature and sender, the ident
 sequence number (an older card than one admitted is ignored). Refusals are counted by reason in
 ``refused``.
 
-Allocation by standing (exchange/standing.py): at most ``MAX_ROSTER_PEERS`` cards are held, of which at
-most ``PROBATION_CARDS`` of peers without standing; a newer probation card replaces the oldest one, and a
-card of a peer with standing replaces a probation card when the roster is full, never the reverse. A peer
+The roster is this node's *view* of the swarm, not the swarm (#27): at most ``VIEW_SIZE`` cards, whatever
+the swarm's size, so whom it notifies, polls and waits for, and what its roster pages cost once the view
+is full (exchange/service.py), stay the same at 100 nodes and at 10,000. The DHT's roster shards and the
+cards that notices carry are where members come from. Allocation by standing (exchange/standing.py): at
+most ``PROBATION_CARDS`` cards of peers without standing; a newer probation card replaces the oldest one;
+a card of a peer with standing replaces a probation card when the view is full; and a newcomer's card
+replaces the member with standing heard from least recently while members with standing hold more than
+``VIEW_SIZE - PROBATION_CARDS``, so the probation share is always open to newcomers and a flood of them
+leaves at least that many members with standing. A peer
 without standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole
 timeout, or it served other bytes than announced) goes behind every peer still on its first chance for
 PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for live
@@ -42,8 +48,9 @@ from swarmnode.swarm.wire import codec, dht_rules, limits, work
 from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
-# roster cards kept at most: every shard full (the DHT's storing nodes hold no more per shard)
-MAX_ROSTER_PEERS = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
+# roster cards kept at most, the node's view: two poll pages (service.MAX_POLL_KEYS) and twice the probation
+# share, so that members with standing keep half of it under any flood of newcomers
+VIEW_SIZE = 2 * PROBATION_CARDS
 PROBATION_RETRY_S = 600.0  # a peer whose first chance failed comes last this long ...
 MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
 
@@ -132,11 +139,14 @@ class Roster:
         """Room for a new card of ``peer`` (module docstring: allocation by standing); False: refused."""
         self._probation = OrderedDict((p, None) for p in self._probation if not self.book.has_standing(p))
         standing = self.book.has_standing(peer)
-        if not standing and len(self._probation) >= PROBATION_CARDS or len(self.cards) >= MAX_ROSTER_PEERS:
-            if not self._probation:
+        if not standing and len(self._probation) >= PROBATION_CARDS or len(self.cards) >= VIEW_SIZE:
+            if self._probation and (standing or len(self._probation) >= PROBATION_CARDS):
+                self._remove(next(iter(self._probation)))  # the oldest probation card makes room
+            elif not standing:  # members with standing hold more than their share: the stalest gives way
+                self._remove(min(self.cards.keys() - self._probation.keys(), key=self._signed_last))
+            else:
                 self.refused["roster_full"] += 1
                 return False
-            self._remove(next(iter(self._probation)))  # the oldest probation card makes room
         if not standing:
             self._probation[peer] = None
         return True

@@ -13,8 +13,8 @@ A peer's batch takes four stages, each handed what it uses and passing its resul
 This module runs them. The service thread drains the inbox, starts pulls and handles finished ones,
 pulls first and again after each verification (pulls wait on the network, verifying a batch takes CPU).
 A reader thread of its own makes the DHT reads (a page of ROSTER_PAGE_SHARDS roster shards, back to back
-until the first pass is done, then every ``roster_page_gap_s``, sooner when parked notices ask, at most
-every ROSTER_MIN_GAP_S; the announcement poll
+until the first pass is done, then every ``roster_page_gap_s``, or FULL_VIEW_PAGE_GAP_S while the view is
+full, sooner when parked notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll
 every POLL_INTERVAL_S, the floor under notices, of at most MAX_POLL_KEYS members), so a slow DHT delays
 only the next read, never a notice or a pull. The service thread is the only one that calls the
 ``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters); the
@@ -35,7 +35,7 @@ from swarmnode.swarm.exchange.inbox import Inbox
 from swarmnode.swarm.exchange.intake import Intake
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.puller import MAX_PENDING, Puller
-from swarmnode.swarm.exchange.roster import Roster
+from swarmnode.swarm.exchange.roster import VIEW_SIZE, Roster
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import dht, reachability
@@ -54,6 +54,10 @@ MAX_POLL_KEYS = 64  # ... of at most this many roster members, whatever the rost
 ROSTER_PAGE_SHARDS = 2
 ROSTER_PASSES_PER_TTL = 8  # ... that many passes over the 8 shards a record lifetime ...
 ROSTER_REFRESH_S = 2.0  # ... but never more often than this
+# once the view is full (roster.VIEW_SIZE), a page this often: the DHT roster is then where members come
+# from, not how they stay (members with standing stay live by their announcements, which the poll reads;
+# one silent for a record lifetime leaves, the view is short again, and pages come at the lifetime's pace)
+FULL_VIEW_PAGE_GAP_S = 60.0
 # one roster read or poll; on the reader thread, so a slow DHT delays only the next read
 DHT_READ_TIMEOUT_S = 10.0
 ROSTER_MIN_GAP_S = 0.5  # roster reads asked for by parked notices start at most this often
@@ -192,7 +196,7 @@ class ExchangeService:
                 self._read_roster_now.clear()
                 last_roster = now
                 self.refresh_roster(self._roster_page())
-                gap = roster_page_gap_s(self.roster.ttl_s) if self._roster_passes else ROSTER_MIN_GAP_S
+                gap = self._page_gap_s() if self._roster_passes else ROSTER_MIN_GAP_S
                 next_roster = time.monotonic() + gap
             elif now >= next_poll:
                 get_started = time.time()
@@ -208,6 +212,13 @@ class ExchangeService:
                 self._read_roster_now.wait(max(wake_at - time.monotonic(), 0.0))
 
         self._guarded(step, "DHT read")
+
+    def _page_gap_s(self) -> float:
+        """Seconds to the next roster page after the first pass: FULL_VIEW_PAGE_GAP_S while the view is
+        full, else the record lifetime's pace (``roster_page_gap_s``)."""
+        if len(self.roster) >= VIEW_SIZE:
+            return max(FULL_VIEW_PAGE_GAP_S, roster_page_gap_s(self.roster.ttl_s))
+        return roster_page_gap_s(self.roster.ttl_s)
 
     def _poll_page(self) -> list[str]:
         """The roster members whose announcement keys this poll reads: at most MAX_POLL_KEYS, rotating

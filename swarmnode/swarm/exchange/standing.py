@@ -3,11 +3,12 @@
 Identities cost only their proof of work, so a bound per identity is no bound against a flood of them.
 Standing is earned by delivering: a peer has it once this node accepted a verified group of it
 (``PeerBook.has_standing``). Peers without standing share one *probation* share of each resource, however
-many they are; peers with standing are never displaced by them:
+many they are; peers with standing keep the rest:
 
-- roster cards: at most ``PROBATION_CARDS``; a newer probation card replaces the oldest one
-  (exchange/roster.py), so a flood churns through its own cards and an honest newcomer's card still
-  gets in the moment it is read;
+- roster cards: at most ``PROBATION_CARDS`` of the view's ``VIEW_SIZE``; a newer probation card replaces
+  the oldest one (exchange/roster.py), so a flood churns through its own cards, an honest newcomer's card
+  still gets in the moment it is read, and the members with standing keep ``VIEW_SIZE - PROBATION_CARDS``
+  places;
 - pending pulls: at most ``PROBATION_PENDING`` batches of such authors, and ``PENDING_PER_AUTHOR`` of
   any one author; past either, the newest candidate is dropped, never an older entry
   (exchange/puller.py); ``PROBATION_PULLS`` parallel pulls of their own, one try per holder; an
@@ -26,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-PROBATION_CARDS = 64  # roster cards of peers without standing (of roster.MAX_ROSTER_PEERS)
+PROBATION_CARDS = 64  # roster cards of peers without standing (of roster.VIEW_SIZE)
 PROBATION_PENDING = 64  # pending batches whose authors have no standing (of puller.MAX_PENDING)
 PENDING_PER_AUTHOR = 4  # pending batches of one author (an honest node publishes one a round)
 # parallel pulls of batches whose authors have no standing (beside puller.MAX_PARALLEL_PULLS): with one

@@ -14,6 +14,7 @@ import pytest
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import service as service_module
+from swarmnode.swarm.exchange.roster import VIEW_SIZE
 from swarmnode.swarm.exchange.service import ROSTER_PAGE_SHARDS, roster_page_gap_s
 from swarmnode.swarm.wire import dht_rules
 from tests.helpers.scripted_net import signed_card
@@ -51,13 +52,16 @@ def _recording_reads(world, times: list[float] | None = None) -> list[list[str]]
     return reads
 
 
-def test_a_full_roster_is_read_in_pages_and_every_card_is_still_found(world):
+def test_a_full_roster_is_read_in_pages_that_fill_the_view_and_reach_every_shard(world):
     peers = _fill_roster(world)
     reads = _recording_reads(world)
     world.service.start()
-    assert wait_until(lambda: len(world.roster.cards) == len(peers), 20), len(world.roster.cards)
+    assert wait_until(lambda: len(world.roster.cards) == VIEW_SIZE, 20), len(world.roster.cards)
+    assert set(world.roster.cards) <= peers  # the view (test_view.py), from the DHT's 512 cards
+    pages_per_pass = dht_rules.ROSTER_SHARDS // ROSTER_PAGE_SHARDS
+    assert wait_until(lambda: len(reads) >= pages_per_pass, 20), reads  # the first pass goes on
     assert reads and max(len(keys) for keys in reads) == ROSTER_PAGE_SHARDS  # the old reader: 8 every time
-    first_pass = [key for keys in reads[: dht_rules.ROSTER_SHARDS // ROSTER_PAGE_SHARDS] for key in keys]
+    first_pass = [key for keys in reads[:pages_per_pass] for key in keys]
     assert sorted(first_pass) == sorted(dht_rules.roster_keys(world.swarm_id))
 
 

@@ -134,12 +134,13 @@ def test_a_tampering_holder_is_charged_and_the_next_holder_serves_the_batch(worl
 
 
 def test_a_poll_reads_a_bounded_page_of_the_roster_and_covers_it_in_turn(world):
-    members = world.authors(SYBILS, standing=True)  # a full roster of peers with standing
-    world.service.refresh_roster()
-    assert len(world.roster.members()) == SYBILS
-    service = world.service
+    from swarmnode.swarm.exchange.roster import VIEW_SIZE
     from swarmnode.swarm.exchange.service import MAX_POLL_KEYS
 
-    pages = [service._poll_page() for _ in range(SYBILS // MAX_POLL_KEYS)]
+    world.authors(SYBILS, standing=True)  # the DHT's 512 cards, of peers with standing
+    world.service.refresh_roster()
+    members = world.roster.members()
+    assert len(members) == VIEW_SIZE  # a full view (test_view.py)
+    pages = [world.service._poll_page() for _ in range(VIEW_SIZE // MAX_POLL_KEYS)]
     assert all(len(page) == MAX_POLL_KEYS for page in pages)
-    assert {peer for page in pages for peer in page} == {author.peer_id for author in members}
+    assert {peer for page in pages for peer in page} == set(members)
