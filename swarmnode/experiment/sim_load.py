@@ -69,9 +69,13 @@ def cards_per_shard(nodes: int) -> float:
 
 
 def roster_read_s(result: Result) -> float:
-    """Seconds between a node's roster reads: the protocol's, or the code's pace for this lifetime."""
-    given = result.protocol.roster_read_s
-    return given if given is not None else roster_page_gap_s(round_ttl_s(result.scenario.deadline_s))
+    """Seconds between a node's roster reads: the protocol's, or the code's pace for this lifetime; the
+    full view's pace where the swarm fills a node's view."""
+    proto, given = result.protocol, result.protocol.roster_read_s
+    pace = given if given is not None else roster_page_gap_s(round_ttl_s(result.scenario.deadline_s))
+    if proto.roster_read_full_s is not None and proto.gossip and result.scenario.nodes - 1 >= proto.view:
+        return max(pace, proto.roster_read_full_s)
+    return pace
 
 
 def dht_keys_per_round(result: Result) -> dict[str, float]:

@@ -28,7 +28,8 @@ class Protocol:
 
     name: str = "today"
     gossip: bool = False  # False: notify every roster peer; True: D view peers, forwarded up to H hops
-    roster_cap: int = roster.MAX_ROSTER_PEERS
+    # today's roster: every card the DHT holds (8 shards x 64), the cap before #27's view
+    roster_cap: int = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
     view: int = 0  # V, the active view (gossip)
     fanout: int = 0  # D
     ring: bool = False  # the publisher's D on the ring of its peers with standing (fanout.py); else at random
@@ -59,6 +60,8 @@ class Protocol:
     # a roster read every this often (None: as the code paces its pages, ``service.roster_page_gap_s`` of
     # the scenario's record lifetime) ...
     roster_read_s: float | None = service.ROSTER_REFRESH_S
+    # ... or this often while the node's view is full (None: as often as otherwise)
+    roster_read_full_s: float | None = None
     roster_keys_read: int = dht_rules.ROSTER_SHARDS  # ... of this many shard keys
     roster_keys_first: int = dht_rules.ROSTER_SHARDS  # a newcomer's first read (the code: every shard)
     shuffle_s: float = 0.0  # target: a view shuffle (Cyclon) started this often ...
@@ -77,11 +80,13 @@ class Protocol:
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
         first pulls of authors with standing a round, of batches announced in its window, and K first chances
         of authors without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the
-        code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``roster_page_gap_s``."""
+        code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``roster_page_gap_s``, every
+        ``FULL_VIEW_PAGE_GAP_S`` once the view (``roster.VIEW_SIZE`` cards) is full."""
         return cls(
-            name="bounded", gossip=True, view=roster.MAX_ROSTER_PEERS, fanout=fanout.NOTICE_FANOUT, ring=True,
+            name="bounded", gossip=True, view=roster.VIEW_SIZE, fanout=fanout.NOTICE_FANOUT, ring=True,
             hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
             exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS, roster_read_s=None,
+            roster_read_full_s=service.FULL_VIEW_PAGE_GAP_S,
         )  # fmt: skip
 
     @classmethod

@@ -5,7 +5,7 @@ announcement, then notices), trains on J peer groups it verified, and meanwhile 
 batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
 
 - **today** (``Protocol.today()``, constants read from the code): the publisher notifies every roster
-  peer (at most ``MAX_ROSTER_PEERS``, ``MAX_PARALLEL_NOTICE_SENDS`` streams at once), every node polls the
+  peer (at most the 512 cards the DHT holds, ``MAX_PARALLEL_NOTICE_SENDS`` streams at once), every node polls the
   announcement keys of ``MAX_POLL_KEYS`` roster members every ``POLL_INTERVAL_S``, and pulls every new
   batch it hears of (``MAX_PENDING``), authors with standing first on ``MAX_PARALLEL_PULLS`` workers,
   the others on ``PROBATION_PULLS`` with ``PROBATION_PULL_TIMEOUT_BASE_S`` and one chance each;
