@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from swarmnode.experiment.sim_load import dht_keys_per_round
+from swarmnode.experiment.sim_load import dht_keys_per_round, roster_read_s
 from swarmnode.experiment.sim_node import Batch, EventLoop
 from swarmnode.experiment.sim_scenario import Protocol, Scenario
 from swarmnode.experiment.sim_validation import compare, loopback_per_node, per_node_from_metrics
 from swarmnode.experiment.simulation import Simulation, simulate
-from swarmnode.swarm.exchange import fanout, puller, service, standing
+from swarmnode.swarm.exchange import fanout, puller, roster, service, standing
 from swarmnode.swarm.wire import dht_rules
 
 QUICK = dict(churn_per_min=0.0, silent_share=0.0, rtt_s=0.05, round_s=20.0, deadline_s=10.0)
@@ -200,5 +200,21 @@ def test_a_roster_page_reads_two_of_the_eight_shards_so_a_quarter_of_a_full_read
     for nodes in (16, 1000):
         sized = replace(result, scenario=replace(result.scenario, nodes=nodes))
         full = dht_keys_per_round(sized)["cards_read"]
-        paged = dht_keys_per_round(replace(sized, protocol=Protocol.bounded()))["cards_read"]
+        never_full = replace(Protocol.bounded(), roster_read_full_s=None)
+        paged = dht_keys_per_round(replace(sized, protocol=never_full))["cards_read"]
         assert paged / full == pytest.approx(service.ROSTER_PAGE_SHARDS / dht_rules.ROSTER_SHARDS)
+
+
+def test_a_full_view_reads_its_roster_pages_at_the_full_views_pace():
+    """The code's view (roster.VIEW_SIZE) is full once the swarm has more nodes than it holds: from then on
+    a page every FULL_VIEW_PAGE_GAP_S instead of the lifetime's pace, in the model as in the code."""
+    result = simulate(Scenario(nodes=16, observers=4, rounds=3, warmup_rounds=1, **QUICK), Protocol.bounded())
+    never_full = replace(Protocol.bounded(), roster_read_full_s=None)
+    for nodes, slower in ((16, 1.0), (roster.VIEW_SIZE, 1.0), (roster.VIEW_SIZE + 1, None), (10_000, None)):
+        sized = replace(result, scenario=replace(result.scenario, nodes=nodes))
+        pace = roster_read_s(replace(sized, protocol=never_full))
+        ratio = (
+            dht_keys_per_round(replace(sized, protocol=never_full))["cards_read"]
+            / dht_keys_per_round(sized)["cards_read"]
+        )
+        assert ratio == pytest.approx(slower or service.FULL_VIEW_PAGE_GAP_S / pace)
