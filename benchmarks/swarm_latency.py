@@ -67,14 +67,18 @@ BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver
 # running one swarm
 # ---------------------------------------------------------------------------------------------------
 def node_args(n: int, args: argparse.Namespace, swarm_id: str) -> list[str]:
+    """Every node's command line: all others awaited (fewer with --view), then the --set overrides."""
+    awaited = n - 1 if args.view is None else min(n - 1, args.view - 1)
+    view = [] if args.view is None else ["--set", f"swarm.view_size={args.view}"]
     return [
         "--config", str(args.config),
         "--rounds", str(args.rounds),
         "--set", f"swarm.swarm_id={swarm_id}",
-        "--set", f"swarm.min_peers={n - 1}",
+        "--set", f"swarm.min_peers={awaited}",
         "--set", f"swarm.wait_for_peers_s={args.startup_timeout}",
         "--set", f"swarm.share_deadline_s={args.deadline}",
         "--set", "run.checkpoint_every=100000",  # only the final checkpoint: no disk work between rounds
+        *view,
     ]  # fmt: skip
 
 
@@ -388,6 +392,10 @@ def main() -> int:
     parser.add_argument("--cooldown", type=int, default=1, help="last rounds left out (nodes leaving)")
     parser.add_argument("--deadline", type=float, default=10.0, help="swarm.share_deadline_s")
     parser.add_argument("--config", type=Path, default=REPO / "node_configs" / "tiny.yaml")
+    parser.add_argument(
+        "--view", type=int, default=None,
+        help="swarm.view_size of every node (a view smaller than the swarm: the full view's regime)",
+    )  # fmt: skip
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="longest swarm start-up (s)")
     parser.add_argument("--round-timeout", type=float, default=60.0, help="time allowed per round (s)")
     parser.add_argument("--workdir", type=Path, default=None, help="run folders (default: a temp dir)")

@@ -148,11 +148,14 @@ def protocols(args: argparse.Namespace) -> list[Protocol]:
         if variant == "today":
             out.append(Protocol.today())
         elif variant == "bounded":
-            out.append(replace(Protocol.bounded(), exploration_divisor=args.exploration_divisor))
+            bounded = replace(Protocol.bounded(), exploration_divisor=args.exploration_divisor)
+            out.append(bounded if args.view is None else replace(bounded, view=args.view))
         else:
             for hops in args.hops:
                 out.append(
-                    Protocol.target(view=args.view, fanout=args.fanout, hops=hops, k_factor=args.k_factor)
+                    Protocol.target(
+                        view=args.view or 32, fanout=args.fanout, hops=hops, k_factor=args.k_factor
+                    )
                 )
     return out
 
@@ -293,7 +296,10 @@ def main() -> int:
     parser.add_argument(
         "--nat", type=float, default=0.5, help="share of nodes behind NAT (relayed by bootstraps)"
     )
-    parser.add_argument("--view", type=int, default=32, help="target: V, the active view")
+    parser.add_argument(
+        "--view", type=int, default=None,
+        help="V, the view: target's (default 32); bounded's swarm.view_size (default the code's, 128)",
+    )  # fmt: skip
     parser.add_argument("--fanout", type=int, default=6, help="target: D, peers a notice is sent to")
     parser.add_argument("--hops", type=int, nargs="+", default=[2], help="target: H, hop limit(s)")
     parser.add_argument("--k-factor", type=float, default=3.0, help="target: K = this x J pulls a round")

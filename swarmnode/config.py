@@ -308,6 +308,15 @@ class ProbeConfig(_Strict):
 
 
 class SwarmConfig(_Strict):
+    @model_validator(mode="after")
+    def _min_peers_fit_the_view(self) -> SwarmConfig:
+        if self.min_peers >= self.view_size:
+            raise ValueError(
+                f"swarm.min_peers={self.min_peers} can never be seen in a view of swarm.view_size="
+                f"{self.view_size} peers: lower min_peers or raise view_size"
+            )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _renamed_keys(cls, data: Any) -> Any:
@@ -382,6 +391,15 @@ class SwarmConfig(_Strict):
     )
     wait_for_peers_s: float = Field(
         120.0, gt=0, description="Longest wait for min_peers before starting anyway."
+    )
+    view_size: int = Field(
+        128,
+        ge=8,
+        le=512,
+        description="Peers this node keeps in its view of the swarm (its roster): whom it notifies, polls "
+        "and waits for; half of it stays open to peers that have not delivered yet. Its size, not the "
+        "swarm's, sets this node's per-round work: a larger view hears of more batches sooner and costs "
+        "more DHT reads (docs/scaling.md).",
     )
     ban_s: float = Field(
         60.0,

@@ -5,10 +5,10 @@ announcement, then notices), trains on J peer groups it verified, and meanwhile 
 batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
 
 - **today** (``Protocol.today()``, constants read from the code): the publisher notifies every roster
-  peer (at most the 512 cards the DHT holds, ``MAX_PARALLEL_NOTICE_SENDS`` streams at once), every node polls the
-  announcement keys of ``MAX_POLL_KEYS`` roster members every ``POLL_INTERVAL_S``, and pulls every new
-  batch it hears of (``MAX_PENDING``), authors with standing first on ``MAX_PARALLEL_PULLS`` workers,
-  the others on ``PROBATION_PULLS`` with ``PROBATION_PULL_TIMEOUT_BASE_S`` and one chance each;
+  peer (at most the 512 cards the DHT holds, ``MAX_PARALLEL_NOTICE_SENDS`` streams at once), every node
+  polls the announcement keys of ``MAX_POLL_KEYS`` roster members every ``POLL_INTERVAL_S``, and pulls
+  every new batch it hears of (``MAX_PENDING``), authors with standing first on ``MAX_PARALLEL_PULLS``
+  workers, the others on ``PROBATION_PULLS`` with ``PROBATION_PULL_TIMEOUT_BASE_S`` and one chance each;
 - **target** (``Protocol.target()``): a bounded active view of V peers; the publisher sends its notice to
   D of them, every honest node forwards a notice it sees for the first time to D of its view (not to its
   sender or the author) while the hop count is below H; the poll reads only the view's keys; at most

@@ -13,20 +13,20 @@ Cards are checked alike wherever they come from: signature and sender, the ident
 sequence number (an older card than one admitted is ignored). Refusals are counted by reason in
 ``refused``.
 
-The roster is this node's *view* of the swarm, not the swarm (#27): at most ``VIEW_SIZE`` cards, whatever
-the swarm's size, so whom it notifies, polls and waits for, and what its roster pages cost once the view
-is full (exchange/service.py), stay the same at 100 nodes and at 10,000. The DHT's roster shards and the
-cards that notices carry are where members come from. Allocation by standing (exchange/standing.py): at
-most ``PROBATION_CARDS`` cards of peers without standing; a newer probation card replaces the oldest one;
-a card of a peer with standing replaces a probation card when the view is full; and a newcomer's card
-replaces the member with standing heard from least recently while members with standing hold more than
-``VIEW_SIZE - PROBATION_CARDS``, so the probation share is always open to newcomers and a flood of them
-leaves at least that many members with standing. A peer
-without standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole
-timeout, or it served other bytes than announced) goes behind every peer still on its first chance for
-PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for live
-peers with standing; only while none is live, for peers without it, and for each of those only until its
-first miss (``missed``).
+The roster is this node's *view* of the swarm, not the swarm (#27): at most ``view_size`` cards
+(``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and
+waits for, and what its roster pages cost once the view is full (exchange/service.py), stay the same at
+100 nodes and at 10,000. The DHT's roster shards and the cards that notices carry are where members come
+from. Allocation by standing (exchange/standing.py): at most half the view (``PROBATION_CARDS`` at the
+default) of peers without standing; a newer probation card replaces the oldest one; a card of a peer with
+standing replaces a probation card when the view is full; and a newcomer's card replaces the member with
+standing heard from least recently while members with standing hold more than the other half, so the
+probation share is always open to newcomers and a flood of them leaves that half to members with
+standing. A peer without standing whose first chance failed (``fail_probation``: a pull from it held a
+slot for its whole timeout, or it served other bytes than announced) goes behind every peer still on its
+first chance for PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits
+(``to_wait_for``) for live peers with standing; only while none is live, for peers without it, and for
+each of those only until its first miss (``missed``).
 
 Every method takes ``lock`` (shared with the exchange's state): the round thread reads the roster for
 status and waits, the service thread admits.
@@ -48,8 +48,8 @@ from swarmnode.swarm.wire import codec, dht_rules, limits, work
 from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
 
 MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), remembered so each is said once
-# roster cards kept at most, the node's view: two poll pages (service.MAX_POLL_KEYS) and twice the probation
-# share, so that members with standing keep half of it under any flood of newcomers
+# roster cards kept at most, the node's view (swarm.view_size's default): two poll pages
+# (service.MAX_POLL_KEYS) and twice the probation share, so members with standing keep half under any flood
 VIEW_SIZE = 2 * PROBATION_CARDS
 PROBATION_RETRY_S = 600.0  # a peer whose first chance failed comes last this long ...
 MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
@@ -67,6 +67,7 @@ class Roster:
         lock: threading.RLock,
         changed: threading.Condition,
         work_bits: int = 0,
+        view_size: int = VIEW_SIZE,
         clock=time.monotonic,
     ):
         self.own_peer_id = own_peer_id
@@ -75,6 +76,8 @@ class Roster:
         self.book = book
         self.ttl_s = ttl_s
         self.work_bits = work_bits  # the identity work this swarm asks of every card
+        self.view_size = view_size  # cards held at most ...
+        self.probation_cards = view_size // 2  # ... of which of peers without standing
         self.clock = clock  # monotonic: probation failures expire by it
         self.lock = lock
         self.changed = changed
@@ -139,8 +142,9 @@ class Roster:
         """Room for a new card of ``peer`` (module docstring: allocation by standing); False: refused."""
         self._probation = OrderedDict((p, None) for p in self._probation if not self.book.has_standing(p))
         standing = self.book.has_standing(peer)
-        if not standing and len(self._probation) >= PROBATION_CARDS or len(self.cards) >= VIEW_SIZE:
-            if self._probation and (standing or len(self._probation) >= PROBATION_CARDS):
+        full = len(self._probation) >= self.probation_cards
+        if not standing and full or len(self.cards) >= self.view_size:
+            if self._probation and (standing or full):
                 self._remove(next(iter(self._probation)))  # the oldest probation card makes room
             elif not standing:  # members with standing hold more than their share: the stalest gives way
                 self._remove(min(self.cards.keys() - self._probation.keys(), key=self._signed_last))

@@ -35,7 +35,7 @@ from swarmnode.swarm.exchange.inbox import Inbox
 from swarmnode.swarm.exchange.intake import Intake
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.puller import MAX_PENDING, Puller
-from swarmnode.swarm.exchange.roster import VIEW_SIZE, Roster
+from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import dht, reachability
@@ -54,7 +54,7 @@ MAX_POLL_KEYS = 64  # ... of at most this many roster members, whatever the rost
 ROSTER_PAGE_SHARDS = 2
 ROSTER_PASSES_PER_TTL = 8  # ... that many passes over the 8 shards a record lifetime ...
 ROSTER_REFRESH_S = 2.0  # ... but never more often than this
-# once the view is full (roster.VIEW_SIZE), a page this often: the DHT roster is then where members come
+# once the view is full (swarm.view_size cards), a page this often: the DHT roster is then where members come
 # from, not how they stay (members with standing stay live by their announcements, which the poll reads;
 # one silent for a record lifetime leaves, the view is short again, and pages come at the lifetime's pace)
 FULL_VIEW_PAGE_GAP_S = 60.0
@@ -216,7 +216,7 @@ class ExchangeService:
     def _page_gap_s(self) -> float:
         """Seconds to the next roster page after the first pass: FULL_VIEW_PAGE_GAP_S while the view is
         full, else the record lifetime's pace (``roster_page_gap_s``)."""
-        if len(self.roster) >= VIEW_SIZE:
+        if len(self.roster) >= self.roster.view_size:
             return max(FULL_VIEW_PAGE_GAP_S, roster_page_gap_s(self.roster.ttl_s))
         return roster_page_gap_s(self.roster.ttl_s)
 

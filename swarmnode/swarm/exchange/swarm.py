@@ -88,7 +88,7 @@ class Swarm:
         self.roster = Roster(
             own_peer_id=identity.peer_id, swarm_id=self.swarm_id, fingerprint=bank.fingerprint,
             book=self.book, ttl_s=self.ttl_s, lock=self.state.lock, changed=self.state.changed,
-            work_bits=cfg.swarm.identity_work_bits,
+            work_bits=cfg.swarm.identity_work_bits, view_size=cfg.swarm.view_size,
         )  # fmt: skip
         self.announcer = Announcer(
             self.transport, identity, self.swarm_id, model_name=policy.name,

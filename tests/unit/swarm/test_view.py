@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange import service as service_module
-from swarmnode.swarm.exchange.roster import VIEW_SIZE
+from swarmnode.swarm.exchange.roster import VIEW_SIZE, Roster
 from swarmnode.swarm.exchange.standing import PROBATION_CARDS
 
 FLOOD = 1000  # identities sent at once: past the DHT's 512 cards, as notices can carry them
@@ -22,14 +24,26 @@ def _standing(world, roster) -> list[str]:
     return [peer for peer in roster.cards if world.book.has_standing(peer)]
 
 
-def test_the_view_holds_at_most_view_size_cards_whatever_arrives(world, bank):
-    roster, now = world.roster, time.time()
+@pytest.mark.parametrize("view_size", [VIEW_SIZE, 16])  # the default (PROBATION_CARDS = 64 of it), and 16
+def test_the_view_holds_at_most_view_size_cards_whatever_arrives(world, bank, view_size):
+    roster, now = _roster(world, view_size), time.time()
     for author in world.authors(FLOOD, standing=True) + world.authors(FLOOD):
         roster.admit(author.peer_id, author.card_record, now)
-    assert len(roster.cards) == VIEW_SIZE
-    assert len(roster.cards) - len(_standing(world, roster)) == PROBATION_CARDS
-    assert len(roster.members()) == VIEW_SIZE  # whom it notifies and polls
-    assert roster.refused["roster_full"] == FLOOD - VIEW_SIZE  # peers with standing, once it was full
+    assert len(roster.cards) == view_size
+    assert len(roster.cards) - len(_standing(world, roster)) == view_size // 2
+    assert len(roster.members()) == view_size  # whom it notifies and polls
+    assert roster.refused["roster_full"] == FLOOD - view_size  # peers with standing, once it was full
+
+
+def _roster(world, view_size: int) -> Roster:
+    """The world's roster, or one like it with another view size."""
+    if view_size == VIEW_SIZE:
+        return world.roster
+    r = world.roster
+    return Roster(
+        own_peer_id=r.own_peer_id, swarm_id=r.swarm_id, fingerprint=r.fingerprint, book=r.book, ttl_s=r.ttl_s,
+        lock=r.lock, changed=r.changed, view_size=view_size,
+    )  # fmt: skip
 
 
 def test_a_flood_of_newcomers_leaves_the_members_with_standing_their_share(world, bank):
