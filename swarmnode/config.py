@@ -68,12 +68,10 @@ class ModelConfig(_Strict):
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape of the 'tiny' model.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available, else cpu.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto",
-        description="The learner's weights. auto = float32 everywhere (on CUDA the forward pass runs in bf16 "
-        "through train.autocast); bfloat16/float16 halve their memory but drop AdamW updates smaller "
-        "than their resolution, most of them at RL learning rates.",
-    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="The learner's "
+        "weights. auto = float32 (on CUDA the forward runs in bf16: train.autocast); bfloat16/float16 halve "
+        "their memory but drop AdamW updates below their resolution, most of them at RL learning rates.",
+    )  # fmt: skip
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
     gradient_checkpointing: bool | None = Field(
         None,
@@ -310,11 +308,8 @@ class ProbeConfig(_Strict):
 class SwarmConfig(_Strict):
     @model_validator(mode="after")
     def _min_peers_fit_the_view(self) -> SwarmConfig:
-        if self.min_peers >= self.view_size:
-            raise ValueError(
-                f"swarm.min_peers={self.min_peers} can never be seen in a view of swarm.view_size="
-                f"{self.view_size} peers: lower min_peers or raise view_size"
-            )
+        if self.min_peers >= self.view_size:  # it would wait out wait_for_peers_s every start
+            raise ValueError(f"swarm.min_peers={self.min_peers} must be < swarm.view_size={self.view_size}")
         return self
 
     @model_validator(mode="before")
@@ -392,15 +387,10 @@ class SwarmConfig(_Strict):
     wait_for_peers_s: float = Field(
         120.0, gt=0, description="Longest wait for min_peers before starting anyway."
     )
-    view_size: int = Field(
-        128,
-        ge=8,
-        le=512,
-        description="Peers this node keeps in its view of the swarm (its roster): whom it notifies, polls "
-        "and waits for; half of it stays open to peers that have not delivered yet. Its size, not the "
-        "swarm's, sets this node's per-round work: a larger view hears of more batches sooner and costs "
-        "more DHT reads (docs/scaling.md).",
-    )
+    view_size: int = Field(128, ge=8, le=512, description="Peers kept in this node's view of the swarm "
+        "(whom it notifies, polls, waits for; half open to peers that have not delivered yet). It, not the "
+        "swarm's size, sets a round's work: larger hears of batches sooner, reads more (docs/scaling.md).",
+    )  # fmt: skip
     ban_s: float = Field(
         60.0,
         gt=0,

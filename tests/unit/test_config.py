@@ -80,7 +80,7 @@ def test_bad_value_names_the_field_and_the_file(tmp_path: Path) -> None:
         ConfigError, match=r"^defaults \+ command-line overrides: .*train\.clip_low must be < 1"
     ):
         load_config(None, {"train.clip_low": 1.5})
-    with pytest.raises(ConfigError, match=r"min_peers=16 can never be seen in a view of swarm\.view_size=16"):
+    with pytest.raises(ConfigError, match=r"swarm\.min_peers=16 must be < swarm\.view_size=16"):
         load_config(None, {"swarm.view_size": 16, "swarm.min_peers": 16})
 
 
