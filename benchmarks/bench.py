@@ -4,10 +4,10 @@
     python -m benchmarks.bench train  [--device cpu|cuda] [--model embedded|qwen2-0.5b]
     python -m benchmarks.bench round  [--config F] [--rounds 2] [--backends hf vllm] [--set K=V ...]
     python -m benchmarks.bench all    (the three, one after the other)
+    python -m benchmarks.bench colocate  (the training step before and after a vLLM engine starts)
 
 ``--device`` also sets the round's ``model.device``; ``--tokenizer DIR`` gives ``--model qwen2-0.5b`` its
 tokenizer on a machine without the embedded model (the GPU machine: its GGUF does not travel there).
-    python -m benchmarks.bench colocate  (the training step before and after a vLLM engine starts)
 
 Each prints a table headed by the machine it ran on (``--json FILE`` also writes everything). The two
 sides of a comparison run in one process on the same model, prompts and batch, interleaved (A B A B
@@ -69,7 +69,7 @@ from swarmnode.learn.heap import sampling_heap
 from swarmnode.learn.logprobs import sampler_vs_learner_logprobs
 from swarmnode.learn.precision import autocast_dtype, bf16_native
 from swarmnode.learn.trainer import Trainer
-from swarmnode.policy import Policy, embedded_model_folder, load_policy, tokenizer_fingerprint
+from swarmnode.policy import Policy, embedded_model_folder, load_policy, resolve_dtype, tokenizer_fingerprint
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Completion
 from swarmnode.sampler import vllm as vllm_backend
@@ -107,7 +107,7 @@ def build_policy(model: str, device: str, dtype: str = "auto", tokenizer_dir: Pa
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    weights = torch.float32 if dtype == "auto" else getattr(torch, dtype)
+    weights = resolve_dtype(dtype)
     torch.manual_seed(0)
     net = AutoModelForCausalLM.from_config(config, dtype=weights).to(device).eval()
     return Policy(

@@ -67,7 +67,7 @@ BREAKDOWN = ("discover", "queue", "fetch", "verify")  # where a (batch, receiver
 # running one swarm
 # ---------------------------------------------------------------------------------------------------
 def node_args(n: int, args: argparse.Namespace, swarm_id: str) -> list[str]:
-    """Every node's command line: all others awaited (fewer with --view), then the --set overrides."""
+    """Every node's command line: all other nodes awaited, or as many as a ``--view`` can hold."""
     awaited = n - 1 if args.view is None else min(n - 1, args.view - 1)
     view = [] if args.view is None else ["--set", f"swarm.view_size={args.view}"]
     return [

@@ -154,8 +154,11 @@ def protocols(args: argparse.Namespace) -> list[Protocol]:
             for hops in args.hops:
                 out.append(
                     Protocol.target(
-                        view=args.view or 32, fanout=args.fanout, hops=hops, k_factor=args.k_factor
-                    )
+                        fanout=args.fanout,
+                        hops=hops,
+                        k_factor=args.k_factor,
+                        **({} if args.view is None else {"view": args.view}),
+                    )  # fmt: skip
                 )
     return out
 

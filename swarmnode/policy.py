@@ -84,7 +84,7 @@ def load_policy(cfg: ModelConfig, *, seed: int = 0) -> Policy:
     Raises PolicyError for anything the user can fix (missing model, missing package, no CUDA).
     """
     device = _resolve_device(cfg.device)
-    dtype = _resolve_dtype(cfg.dtype)
+    dtype = resolve_dtype(cfg.dtype)
     if dtype != torch.float32 and cfg.lora is None:
         log(
             f"model.dtype={cfg.dtype}: the learner's own weights are {cfg.dtype}, and AdamW updates smaller "
@@ -166,7 +166,7 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _resolve_dtype(name: str) -> torch.dtype:
+def resolve_dtype(name: str) -> torch.dtype:
     """``auto`` = float32 on every device: these weights are the learner's master weights.
 
     RL steps at small learning rates (1e-6 by default) move a weight far less than bfloat16's resolution

@@ -5,10 +5,10 @@ Standing is earned by delivering: a peer has it once this node accepted a verifi
 (``PeerBook.has_standing``). Peers without standing share one *probation* share of each resource, however
 many they are; peers with standing keep the rest:
 
-- roster cards: at most ``PROBATION_CARDS`` of the view's ``VIEW_SIZE``; a newer probation card replaces
-  the oldest one (exchange/roster.py), so a flood churns through its own cards, an honest newcomer's card
-  still gets in the moment it is read, and the members with standing keep ``VIEW_SIZE - PROBATION_CARDS``
-  places;
+- roster cards: at most half the view (``PROBATION_CARDS`` of the default ``roster.VIEW_SIZE``); a newer
+  probation card replaces the oldest one (exchange/roster.py), so a flood churns through its own cards, an
+  honest newcomer's card still gets in the moment it is read, and the members with standing keep the
+  other half;
 - pending pulls: at most ``PROBATION_PENDING`` batches of such authors, and ``PENDING_PER_AUTHOR`` of
   any one author; past either, the newest candidate is dropped, never an older entry
   (exchange/puller.py); ``PROBATION_PULLS`` parallel pulls of their own, one try per holder; an

@@ -5,11 +5,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from swarmnode import policy as policy_module
 from swarmnode.config import ModelConfig, OffPolicyConfig, TinyModelConfig, TrainConfig
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.learn.trainer import Trainer, source_of
-from swarmnode.policy import load_policy, state_digest
+from swarmnode.policy import load_policy, resolve_dtype, state_digest
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 from swarmnode.sampler.hf import HFSampler
@@ -193,6 +192,6 @@ def test_the_default_weights_keep_a_step_at_the_default_learning_rate(sampled):
     """model.dtype=auto resolves to fp32 on every device, CUDA included (it was bf16 there): bf16 weights
     drop AdamW updates below their resolution, which at RL learning rates is nearly all of them."""
     _, sequences = sampled
-    assert policy_module._resolve_dtype("auto") == torch.float32
+    assert resolve_dtype("auto") == torch.float32
     assert _share_changed_by_a_step(sequences, "auto") > 0.5
     assert _share_changed_by_a_step(sequences, "bfloat16") < 0.1
