@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
@@ -70,7 +69,7 @@ def test_two_nodes_behind_nat_train_on_each_others_groups_through_a_relay(tmp_pa
                 )
                 procs.append(nodes[name])
             talked_to: dict[str, set[str]] = {name: set() for name in nodes}
-            ids = _PeerIds(tmp_path, nodes)
+            ids = _PeerIds(nodes)
 
             def producers(name: str) -> set[str]:
                 return {line["producer"] for line in read_jsonl(tmp_path / name / "peer_groups.jsonl")}
@@ -139,7 +138,7 @@ def test_without_a_relay_a_reachable_node_holds_and_offers_each_nat_nodes_batche
                 net[name].drop_inbound_tcp()
                 nodes[name] = start_node(tmp_path / name, *args, peers=[r_addr], prefix=net[name].exec_args())
                 procs.append(nodes[name])
-            ids = _PeerIds(tmp_path, nodes)
+            ids = _PeerIds(nodes)
 
             def from_holder(name: str, other: str) -> list[dict]:
                 """``name``'s verified batches of ``other`` that a holder (not ``other``) served."""
@@ -176,12 +175,13 @@ def test_without_a_relay_a_reachable_node_holds_and_offers_each_nat_nodes_batche
 class _PeerIds:
     """Each node's peer id, read from its status.json once the node has written one."""
 
-    def __init__(self, root: Path, nodes: dict[str, NodeProc]):
-        self._root, self._nodes, self._ids = root, nodes, {}
+    def __init__(self, nodes: dict[str, NodeProc]):
+        self._nodes, self._ids = nodes, {}
 
     def get(self, name: str) -> str | None:
-        if name not in self._ids and (self._root / name / "status.json").exists():
-            self._ids[name] = self._nodes[name].status()["peer_id"]
+        node = self._nodes[name]
+        if name not in self._ids and (node.run_dir / "status.json").exists():
+            self._ids[name] = node.status()["peer_id"]
         return self._ids.get(name)
 
 
