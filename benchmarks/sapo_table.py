@@ -18,10 +18,11 @@ Each (arm, seed) runs on its own in ``--workdir/<arm>/seed-<s>/`` and, once ever
 rounds, its final checkpoints are scored on ``--eval-per-task`` held-out questions per task (``swarmnode
 eval``'s code) and a small summary is written to ``--summaries/<arm>-seed<s>.json``
 (``swarmnode/experiment/sapo_report.py``); then the checkpoints (1.6 GB each) are deleted unless
-``--keep-checkpoints``. An (arm, seed) whose summary exists is skipped unless ``--fresh``, so the experiment
-runs in parts, days apart. ``--report-only`` builds the SAPO table from the summaries alone (the
-sharing experiments' report is ``benchmarks.sharing_report``). Every wait is bounded; only processes
-this script started are ended, by PID.
+``--keep-checkpoints``. Parts started side by side evaluate one at a time (``runs/evaluation.lock``): two
+evaluations at once only contend for the cores. An (arm, seed) whose summary exists is skipped unless
+``--fresh``, so the experiment runs in parts, days apart. ``--report-only`` builds the SAPO table from
+the summaries alone (the sharing experiments' report is ``benchmarks.sharing_report``). Every wait is
+bounded; only processes this script started are ended, by PID.
 
     .venv/bin/python -m benchmarks.sapo_table --arms silo --seeds 0 --rounds 40   # one part
     .venv/bin/python -m benchmarks.sapo_table --arms silo-4 silo-2 2/2 --seeds 0 1 2 --rounds 40
@@ -41,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import drop_checkpoints, record_exit, wait_all
+from benchmarks.common import drop_checkpoints, one_at_a_time, record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.experiment.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
@@ -57,6 +58,10 @@ from swarmnode.experiment.sapo_report import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+# Parts launched side by side on one machine evaluate one after another (benchmarks.common.one_at_a_time);
+# one evaluation takes ~25 min on 2 cores, so the wait is bounded at a few of them.
+EVALUATION_LOCK = REPO / "runs" / "evaluation.lock"
+EVALUATION_WAIT_S = 2 * 3600
 
 
 def arm_nodes(arm: Arm, args: argparse.Namespace) -> int:
@@ -220,7 +225,8 @@ def run_and_summarize(arm: Arm, seed: int, args: argparse.Namespace) -> bool:
             )
             return False
         path = summary_path(args.summaries, arm.name, seed)
-        summary = summarize(arm, seed, args, info, run_dirs)
+        with one_at_a_time(EVALUATION_LOCK, f"{arm.name} seed {seed}", EVALUATION_WAIT_S):
+            summary = summarize(arm, seed, args, info, run_dirs)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".tmp").write_text(dump(summary))
         path.with_suffix(".tmp").replace(path)  # a summary on disk is a finished part

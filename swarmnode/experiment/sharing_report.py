@@ -37,7 +37,8 @@ def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
         f"greedy); final held-out evaluation: {setup.get('eval_per_task')} questions per task.  ",
         "Seeds: " + "; ".join(f"{name} {', '.join(map(str, seeds))}" for name, seeds in arms.items()) + "  ",
         "Machine(s): " + "; ".join(sorted({p["machine_line"] for p in parts})) + "  ",
-        f"Wall time: {sum(p['wall_s'] + p['eval_s'] for p in parts) / 3600:.1f} h, evaluations included.",
+        f"Time, summed over the parts: {sum(p['wall_s'] for p in parts) / 3600:.1f} h of training, "
+        f"{sum(p['eval_s'] for p in parts) / 3600:.1f} h of evaluation (parts that overlapped count twice).",
     ]
 
 
