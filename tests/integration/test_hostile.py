@@ -258,17 +258,21 @@ def test_sigkill_mid_transfer_neither_crashes_nor_stalls_the_others(tmp_path):
             node.stop()
 
     failures = {}
+    knew_slow = []
     for node in nodes:
         records = node.metrics()
         assert [r["round"] for r in records] == list(range(1, rounds + 1)), node.output()
         assert max(r["seconds_share"] for r in records) <= DEADLINE_S + SLACK_S, records
         status = node.status()
         assert status["rejected"] == {}, status  # the cut transfer never reached the verifier
-        assert slow_peer in status["peers"]
+        knew_slow.append(slow_peer in status["peers"])
         # the honest nodes kept exchanging with each other and trained on each other's groups
         assert status["rollouts"]["groups_accepted"] >= 1 and sum(r["groups_peer"] for r in records) >= 1
         for reason, count in status["fetch_failures"].items():
             failures[reason] = failures.get(reason, 0) + count
+    # the node that pulled from the killed peer holds its card; the other may have done its 4 sub-second
+    # rounds on a roster read taken before the killed peer had announced (it may start once a peer has)
+    assert any(knew_slow), knew_slow
     # at least one pull from the killed peer was cut (stream closed, or unanswered until its deadline)
     assert sum(failures.get(r, 0) for r in ("closed", "timeout", "unreachable")) >= 1, failures
     shares = [round(r["seconds_share"], 2) for node in nodes for r in node.metrics()]
