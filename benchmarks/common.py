@@ -37,7 +37,7 @@ def drop_checkpoints(run_dirs: list[Path]) -> None:
 def one_at_a_time(lock: Path, what: str, limit_s: float, poll_s: float = 5.0) -> Iterator[None]:
     """Run the block while holding ``lock`` (an flock, so it goes with the process), after any other
     process's block under the same lock: two checkpoint evaluations at once on 2 cores spent 32
-    CPU-minutes contending without finishing a checkpoint that one alone scores in ~4 min. The wait ends
+    CPU-minutes contending without finishing a checkpoint that one alone scores in 2.5-4 min. The wait ends
     at ``limit_s``; then the block runs anyway, since a late result beats a lost one."""
     lock.parent.mkdir(parents=True, exist_ok=True)
     with lock.open("a") as handle:

@@ -59,7 +59,7 @@ from swarmnode.experiment.sapo_report import (
 
 REPO = Path(__file__).resolve().parents[1]
 # Parts launched side by side on one machine evaluate one after another (benchmarks.common.one_at_a_time);
-# one evaluation takes ~25 min on 2 cores, so the wait is bounded at a few of them.
+# one evaluation takes 10-25 min on 2 cores (Xeon, EPYC), so the wait is bounded at a few of them.
 EVALUATION_LOCK = REPO / "runs" / "evaluation.lock"
 EVALUATION_WAIT_S = 2 * 3600
 
