@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from swarmnode.experiment.processes import NodeProc
@@ -62,13 +62,22 @@ def one_at_a_time(lock: Path, what: str, limit_s: float, poll_s: float = 5.0) ->
         yield
 
 
-def wait_all(nodes: list[NodeProc], limit: float) -> bool:
-    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running."""
+def wait_all(
+    nodes: list[NodeProc], limit: float, progress: Callable[[], str] | None = None, every_s: float = 300.0
+) -> bool:
+    """Wait for every node to exit by the monotonic time ``limit``; True if one was still running. A
+    learning part runs ~30 min: ``progress()`` is printed every ``every_s`` seconds meanwhile."""
+    next_report = time.monotonic() + every_s
     for node in nodes:
-        try:
-            node.proc.wait(timeout=max(limit - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            return True
+        while node.proc.poll() is None:
+            now = time.monotonic()
+            if now >= limit:
+                return True
+            if progress is not None and now >= next_report:
+                print(progress(), file=sys.stderr, flush=True)
+                next_report += every_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.proc.wait(timeout=max(min(limit, next_report) - now, 0.1))
     return False
 
 

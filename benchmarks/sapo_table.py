@@ -132,7 +132,14 @@ def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]
         for i, run_dir in enumerate(run_dirs[1:], start=1):
             argv = node_args(arm, seed, i, args, swarm_id)
             nodes.append(start_node(run_dir, *argv, peers=peers, command=command))
-        info["timed_out"] = wait_all(nodes, t0 + args.startup_timeout + args.rounds * args.round_timeout)
+
+        def progress() -> str:
+            rounds = [len(read_jsonl(d / "metrics.jsonl")) for d in run_dirs]
+            minutes = (time.monotonic() - t0) / 60
+            return f"{arm.name} seed {seed}: rounds per node {rounds} of {args.rounds}, {minutes:.0f} min"
+
+        limit = t0 + args.startup_timeout + args.rounds * args.round_timeout
+        info["timed_out"] = wait_all(nodes, limit, progress)
     finally:
         stop_all(nodes)
     record_exit(info, nodes, t0)
