@@ -62,6 +62,27 @@ def one_at_a_time(lock: Path, what: str, limit_s: float, poll_s: float = 5.0) ->
         yield
 
 
+@contextlib.contextmanager
+def behind_other_sessions(autogroup: Path = Path("/proc/self/autogroup")) -> Iterator[None]:
+    """Run the block with this session's scheduler group at nice 19, so that a learning part training
+    beside it (another ``setsid`` session) keeps the cores: the kernel gives each session's autogroup an
+    equal share whatever its processes' nice values, so ``renice`` does nothing across sessions. Only a
+    process that leads its own session does this, so a user's terminal session is never lowered."""
+    try:
+        leads = os.getsid(0) == os.getpid()
+        before = autogroup.read_text().split("nice")[-1].strip() if leads else None
+        if before is not None:
+            autogroup.write_text("19")
+    except OSError:  # no autogroups in this kernel
+        before = None
+    try:
+        yield
+    finally:
+        if before is not None:
+            with contextlib.suppress(OSError):
+                autogroup.write_text(before)
+
+
 def wait_all(
     nodes: list[NodeProc], limit: float, progress: Callable[[], str] | None = None, every_s: float = 300.0
 ) -> bool:

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import drop_checkpoints, one_at_a_time, record_exit, wait_all
+from benchmarks.common import behind_other_sessions, drop_checkpoints, one_at_a_time, record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.experiment.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
 from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
@@ -58,7 +58,8 @@ from swarmnode.experiment.sapo_report import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-# Parts launched side by side on one machine evaluate one after another (benchmarks.common.one_at_a_time);
+# Parts launched side by side on one machine evaluate one after another (benchmarks.common.one_at_a_time),
+# behind any part that trains (benchmarks.common.behind_other_sessions);
 # one evaluation takes 10-25 min on 2 cores (Xeon, EPYC), so the wait is bounded at a few of them.
 EVALUATION_LOCK = REPO / "runs" / "evaluation.lock"
 EVALUATION_WAIT_S = 2 * 3600
@@ -232,7 +233,10 @@ def run_and_summarize(arm: Arm, seed: int, args: argparse.Namespace) -> bool:
             )
             return False
         path = summary_path(args.summaries, arm.name, seed)
-        with one_at_a_time(EVALUATION_LOCK, f"{arm.name} seed {seed}", EVALUATION_WAIT_S):
+        with (
+            one_at_a_time(EVALUATION_LOCK, f"{arm.name} seed {seed}", EVALUATION_WAIT_S),
+            behind_other_sessions(),
+        ):
             summary = summarize(arm, seed, args, info, run_dirs)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.with_suffix(".tmp").write_text(dump(summary))
