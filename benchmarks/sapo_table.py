@@ -193,7 +193,7 @@ def summarize_node(i: int, seed: int, run_dir: Path, args: argparse.Namespace) -
 def summarize(arm: Arm, seed: int, args: argparse.Namespace, info: dict, run_dirs: list[Path]) -> dict:
     """The committed record of one finished (arm, seed): what ran, where, and per node its rounds, probe
     curve and held-out score."""
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     nodes = []
     for i, run_dir in enumerate(run_dirs):
         nodes.append(summarize_node(i, seed, run_dir, args))
@@ -212,7 +212,8 @@ def summarize(arm: Arm, seed: int, args: argparse.Namespace, info: dict, run_dir
         "peer": arm.peer, "arm_sets": list(arm.sets), "setup": setup,
         "command": script_command(), "node_command": info["node_command"],
         "machine": args.machine, "machine_line": describe_machine(args.machine, now=False),
-        "wall_s": info["wall_s"], "eval_s": round(time.monotonic() - t0, 1), "exit_codes": info["exit_codes"],
+        "wall_s": info["wall_s"], "eval_s": round(time.monotonic() - t0, 1),
+        "eval_cpu_s": round(time.process_time() - cpu0, 1), "exit_codes": info["exit_codes"],
         "load_before": info["load_before"], "load_after": info["load_after"], "nodes": nodes,
     }  # fmt: skip
 

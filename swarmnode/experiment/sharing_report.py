@@ -37,9 +37,24 @@ def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
         f"greedy); final held-out evaluation: {setup.get('eval_per_task')} questions per task.  ",
         "Seeds: " + "; ".join(f"{name} {', '.join(map(str, seeds))}" for name, seeds in arms.items()) + "  ",
         "Machine(s): " + "; ".join(sorted({p["machine_line"] for p in parts})) + "  ",
-        f"Time, summed over the parts: {sum(p['wall_s'] for p in parts) / 3600:.1f} h of training, "
-        f"{sum(p['eval_s'] for p in parts) / 3600:.1f} h of evaluation (parts that overlapped count twice).",
+        time_spent(parts),
     ]
+
+
+def time_spent(parts: list[dict]) -> str:
+    """Training and evaluation time summed over the parts. An evaluation that queued behind another part or
+    yielded the CPU to one (docs/sharing.md) took far longer than its work: its CPU time says how much."""
+    cpu = [p["eval_cpu_s"] for p in parts if "eval_cpu_s" in p]
+    cpu_text = (
+        f"; evaluation CPU time {sum(cpu) / 3600:.1f} h over the {len(cpu)} parts that record it"
+        if cpu
+        else ""
+    )
+    return (
+        f"Time, summed over the parts: {sum(p['wall_s'] for p in parts) / 3600:.1f} h of training, "
+        f"{sum(p['eval_s'] for p in parts) / 3600:.1f} h of evaluation (parts that overlapped count twice)"
+        f"{cpu_text}."
+    )
 
 
 def probe_questions(parts: list[dict]) -> str:

@@ -9,7 +9,7 @@ from scipy import stats as scipy_stats
 
 from swarmnode.experiment import sharing
 from swarmnode.experiment.sapo_report import dump, load_summaries, summary_path
-from swarmnode.experiment.sharing_report import EXPERIMENTS, seed_curves
+from swarmnode.experiment.sharing_report import EXPERIMENTS, seed_curves, time_spent
 
 A, B = "basic_arithmetic", "propositional_logic"
 SEEDS = range(6)
@@ -208,3 +208,10 @@ def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, expe
         assert "**helps**" in text and "- **2/2 - silo-4**, probe area: +0.050 over 6 seeds" in text
         assert "| silo-2 | basic_arithmetic | that sample it |" in text
     assert f"python -m benchmarks.sapo_table --arms {next(iter(arms))} --seeds 5" in text
+
+
+def test_the_time_line_adds_evaluation_cpu_time_of_the_parts_that_record_it():
+    parts = [summary("silo-4", s, [], local=4, peer=0) for s in range(3)]
+    assert "CPU" not in time_spent(parts)
+    parts[0]["eval_cpu_s"], parts[1]["eval_cpu_s"] = 3600.0, 1800.0
+    assert time_spent(parts).endswith("evaluation CPU time 1.5 h over the 2 parts that record it.")
