@@ -42,8 +42,8 @@ def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
 
 
 def time_spent(parts: list[dict]) -> str:
-    """Training and evaluation time summed over the parts. An evaluation that queued behind another part or
-    yielded the CPU to one (docs/sharing.md) took far longer than its work: its CPU time says how much."""
+    """Training and evaluation time summed over the parts. An evaluation that yielded the CPU to a part
+    training beside it (docs/sharing.md) took far longer than its work: its CPU time says how much."""
     cpu = [p["eval_cpu_s"] for p in parts if "eval_cpu_s" in p]
     cpu_text = (
         f"; evaluation CPU time {sum(cpu) / 3600:.1f} h over the {len(cpu)} parts that record it"
