@@ -87,14 +87,19 @@ def test_a_store_never_walks_the_storage(monkeypatch):
     assert storage.store_subkey(_key(10**6), b"new", b"v", expiration)
 
 
-@pytest.mark.parametrize("held", [64, MAX_STORED_RECORDS - 64])
+@pytest.mark.parametrize("held", [64, MAX_STORED_RECORDS - 80])
 def test_a_store_costs_about_the_same_nearly_empty_and_nearly_full(held):
+    """The fastest of 5 batches: one batch alone failed once beside a busy process (preempted mid-batch)."""
     storage, expiration = BoundedStorage(), get_dht_time() + 600
     _fill(storage, held, expiration)
-    t = time.perf_counter()
-    for i in range(64):
-        storage.store_subkey(_key(10**6 + i), f"x-{i}".encode(), b"v", expiration)
-    per_store = (time.perf_counter() - t) / 64
+    batches = []
+    for batch in range(5):
+        t = time.perf_counter()
+        for i in range(16):
+            n = 10**6 + 16 * batch + i
+            assert storage.store_subkey(_key(n), f"x-{n}".encode(), b"v", expiration)
+        batches.append((time.perf_counter() - t) / 16)
+    per_store = min(batches)
     assert per_store < 1e-3, f"{per_store * 1e6:.0f} us per store with {held} records held"
 
 
