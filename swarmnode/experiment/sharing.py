@@ -42,6 +42,9 @@ E1_TRANSFER_MARGIN = (
 )
 E1_OWN_TASK_MARGIN = 0.03  # E1 secondary: spec-2/2 may lose at most this much own-task pass@1
 E2_AREA_MARGIN = 0.02  # E2: probe area differences inside +-this are "the same"
+# seeds the design fixes (#28); a verdict on fewer is interim, and the runs go on whatever it says
+E1_SEEDS = 6
+E2_SEEDS = 8
 E1_ARMS = ("spec-silo", "spec-2/2", "generalist-silo")
 E2_ARMS = ("silo-4", "silo-2", "2/2")
 

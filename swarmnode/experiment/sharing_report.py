@@ -179,6 +179,14 @@ def report_body(
     ]
 
 
+def verdict_label(primary: sharing.Comparison, design_seeds: int) -> str:
+    """ "Verdict" once the primary comparison pairs the seeds the design fixes; before, an interim one:
+    stopping the runs when an interval first clears 0 would inflate the false-positive rate."""
+    if primary.diff.n >= design_seeds:
+        return "**Verdict**"
+    return f"**Interim verdict, {primary.diff.n} of the {design_seeds} seeds the design fixes**"
+
+
 def e1_report(parts: list[dict], plot_name: str) -> str:
     transfer, own = sharing.e1_comparisons(sharing.by_arm(parts))
     verdicts = sharing.e1_verdicts(transfer, own)
@@ -192,7 +200,7 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
                         f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
     ]  # fmt: skip
     verdict = (
-        f"**Verdict** (rules and margins fixed before the runs: `{RULES}`): "
+        f"{verdict_label(transfer, sharing.E1_SEEDS)} (rules and margins fixed before the runs: `{RULES}`): "
         f"**{verdicts[0]}**; **{verdicts[1]}**."
     )
     per_arm = " (a generalist samples both tasks, so it has no never-sampled task)"
@@ -211,9 +219,8 @@ def e2_report(parts: list[dict], plot_name: str) -> str:
         show_comparison(same_sampling, what + " (same sampling; not a verdict of its own)"),
     ]
     verdict = (
-        f"**Verdict** (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before the runs: `{RULES}`): "
-        + ", ".join(f"**{v}**" for v in verdicts)
-        + "."
+        f"{verdict_label(share, sharing.E2_SEEDS)} (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before "
+        f"the runs: `{RULES}`): " + ", ".join(f"**{v}**" for v in verdicts) + "."
     )
     per_arm = "; probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last)"
     body = report_body(parts, sharing.E2_ARMS, verdict, comparisons, per_arm, metrics)

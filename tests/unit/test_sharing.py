@@ -202,10 +202,15 @@ def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, expe
     assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if experiment == "e1":
         assert "**peers teach the unsampled task**; **own task non-inferior**" in text
+        assert text.count("**Verdict** (rules") == 1  # 6 seeds: E1's design
         # never sampled, per seed 0.20 + 0.02 s + 0.06 + jitter: 0.310 over the 6 seeds
         assert "| spec-2/2 | propositional_logic | that never sample it | 0.310 ± " in text
     else:
         assert "**helps**" in text and "- **2/2 - silo-4**, probe area: +0.050 over 6 seeds" in text
+        assert (
+            "**Interim verdict, 6 of the 8 seeds the design fixes** (rules" in text
+            and "**Verdict**" not in text
+        )
         assert "| silo-2 | basic_arithmetic | that sample it |" in text
     assert f"python -m benchmarks.sapo_table --arms {next(iter(arms))} --seeds 5" in text
 
