@@ -115,6 +115,11 @@ def node_dirs(arm: Arm, seed: int, args: argparse.Namespace) -> list[Path]:
     return [args.workdir / arm.slug / f"seed-{seed}" / f"node{i}" for i in range(arm_nodes(arm, args))]
 
 
+def rounds_per_node(run_dirs: list[Path]) -> list[int]:
+    """Rounds each node has recorded so far (its metrics.jsonl lines)."""
+    return [len(read_jsonl(d / "metrics.jsonl")) for d in run_dirs]
+
+
 def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]) -> dict:
     """All nodes of one (arm, seed) to completion (or the time limit), in fresh ``run_dirs``."""
     part_dir = run_dirs[0].parent
@@ -135,8 +140,7 @@ def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]
             nodes.append(start_node(run_dir, *argv, peers=peers, command=command))
 
         def progress() -> str:
-            rounds = [len(read_jsonl(d / "metrics.jsonl")) for d in run_dirs]
-            minutes = (time.monotonic() - t0) / 60
+            rounds, minutes = rounds_per_node(run_dirs), (time.monotonic() - t0) / 60
             return f"{arm.name} seed {seed}: rounds per node {rounds} of {args.rounds}, {minutes:.0f} min"
 
         limit = t0 + args.startup_timeout + args.rounds * args.round_timeout
@@ -225,7 +229,7 @@ def run_and_summarize(arm: Arm, seed: int, args: argparse.Namespace) -> bool:
     run_dirs = node_dirs(arm, seed, args)
     try:  # the checkpoints go in every case: a node stopped by Ctrl-C writes one too
         info = run_part(arm, seed, args, run_dirs)
-        rounds_done = [len(read_jsonl(d / "metrics.jsonl")) for d in run_dirs]
+        rounds_done = rounds_per_node(run_dirs)
         if info["timed_out"] or min(rounds_done) < args.rounds:
             print(
                 f"{arm.name} seed {seed}: INCOMPLETE (timed out: {info['timed_out']}, rounds per node "
