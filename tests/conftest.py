@@ -1,4 +1,4 @@
-"""Suite-wide test selection: tests marked ``slow`` stay out of the default run.
+"""Suite-wide test selection (tests marked ``slow`` stay out of the default run) and /tmp hygiene.
 
 The default ``pytest`` is what CI runs and must stay within minutes on 2 cores; long soak, chaos and fuzz
 runs carry ``@pytest.mark.slow``. They are deselected unless the command line picks tests by marker
@@ -7,10 +7,27 @@ itself (``pytest -m slow``, ``pytest -m "slow and not gpu"``): any ``-m`` expres
 
 from __future__ import annotations
 
+import time
+
 import pytest
+
+from tests.helpers.stale_sockets import remove_stale_hivemind_sockets
 
 # fixtures shared by several test files: the verifier tests' banks, the learner tests' tiny models
 pytest_plugins = ("tests.helpers.verify_world", "tests.helpers.tiny_policies")
+
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.time()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Leave /tmp as the run found it: the crash tests' SIGKILLs strand hivemind's socket files."""
+    started = session.config.stash.get(_STARTED, None)
+    if started is not None:
+        remove_stale_hivemind_sockets(since=started)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
