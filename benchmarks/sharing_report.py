@@ -1,6 +1,8 @@
 """The report of #28's experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2), rebuilt from the
 committed per-(arm, seed) summaries alone by one command: each experiment's block of ``--report`` (between
-its markers) and its probe-curve plot. An experiment without summaries yet keeps its block as it is.
+its markers) and its probe-curve plot. E1's spec-2/2 run without the peer defence has a folder of its own
+(``docs/sharing/e1-undefended``) and enters E1's block as one more arm. An experiment without summaries
+yet keeps its block as it is.
 
     .venv/bin/python -m benchmarks.sharing_report   # docs/sharing.md, docs/sharing-e1.png, -e2.png
 """
@@ -12,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from swarmnode.experiment.sapo_report import load_summaries, write_report
-from swarmnode.experiment.sharing_report import BLOCKS, EXPERIMENTS
+from swarmnode.experiment.sapo_report import write_report
+from swarmnode.experiment.sharing_report import BLOCKS, EXPERIMENTS, FOLDERS, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,20 +24,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    for name in EXPERIMENTS:
-        parser.add_argument(
-            f"--{name}", type=Path, default=REPO / "docs" / "sharing" / name, help=f"{name}'s summaries"
-        )
+    parser.add_argument(
+        "--summaries",
+        type=Path,
+        default=REPO / "docs" / "sharing",
+        help="holds the summary folders " + ", ".join(f for folders in FOLDERS.values() for f in folders),
+    )
     parser.add_argument("--report", type=Path, default=REPO / "docs" / "sharing.md")
     parser.add_argument("--plots", type=Path, default=REPO / "docs", help="sharing-<experiment>.png go here")
     args = parser.parse_args()
     if not args.report.exists():
         args.report.write_text("".join(f"{begin}\n{end}\n\n" for begin, end in BLOCKS.values()))
     for name, (make_report, make_plot) in EXPERIMENTS.items():
-        folder = getattr(args, name)
-        parts = load_summaries(folder) if folder.is_dir() else []
+        parts = load_experiment(name, args.summaries)
         if not parts:
-            print(f"{name}: no summaries in {folder}; its block is left as it is", file=sys.stderr)
+            folders = ", ".join(str(args.summaries / f) for f in FOLDERS[name])
+            print(f"{name}: no summaries in {folders}; its block is left as it is", file=sys.stderr)
             continue
         plot = args.plots / f"sharing-{name}.png"
         make_plot(parts, plot)

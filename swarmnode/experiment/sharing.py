@@ -45,7 +45,9 @@ E2_AREA_MARGIN = 0.02  # E2: probe area differences inside +-this are "the same"
 # seeds the design fixes (#28); a verdict on fewer is interim, and the runs go on whatever it says
 E1_SEEDS = 6
 E2_SEEDS = 8
-E1_ARMS = ("spec-silo", "spec-2/2", "generalist-silo")
+# spec-2/2 run with offpolicy.peer_defence=none (docs/sharing.md): what the default defence costs
+E1_UNDEFENDED = "spec-2/2 undefended"
+E1_ARMS = ("spec-silo", "spec-2/2", E1_UNDEFENDED, "generalist-silo")
 E2_ARMS = ("silo-4", "silo-2", "2/2")
 
 # a node's tasks by role: those it samples (weight > 0), those it never samples (weight 0), all of its mix
@@ -158,6 +160,15 @@ def e1_comparisons(arms: dict[str, dict[int, dict]]) -> tuple[Comparison, Compar
     transfer = compare(arms, "spec-2/2", "spec-silo", final_pass1("unsampled"), E1_TRANSFER_MARGIN)
     own = compare(arms, "spec-2/2", "spec-silo", final_pass1("own"), E1_OWN_TASK_MARGIN)
     return transfer, own
+
+
+def e1_defence_comparisons(arms: dict[str, dict[int, dict]]) -> tuple[Comparison, Comparison]:
+    """spec-2/2 undefended - spec-2/2 on the never-sampled and on the own task: what the peer defence
+    costs a specialist. No rule was fixed for it before the runs, so these are estimates, not verdicts."""
+    return (
+        compare(arms, E1_UNDEFENDED, "spec-2/2", final_pass1("unsampled"), E1_TRANSFER_MARGIN),
+        compare(arms, E1_UNDEFENDED, "spec-2/2", final_pass1("own"), E1_OWN_TASK_MARGIN),
+    )
 
 
 def e1_verdicts(transfer: Comparison, own: Comparison) -> list[str]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swarmnode.experiment import sharing
-from swarmnode.experiment.sapo_report import show
+from swarmnode.experiment.sapo_report import load_summaries, show
 from swarmnode.experiment.stats import interval, t_quantile
 
 BLOCKS = {  # experiment -> the markers its generated block sits between in the report
@@ -18,7 +18,24 @@ BLOCKS = {  # experiment -> the markers its generated block sits between in the 
            f"<!-- sharing-{name}:end -->")
     for name in ("e1", "e2")
 }  # fmt: skip
+# an experiment's summary folders (under docs/sharing/) and the arm their parts count as (None: the arm
+# they ran as); an arm run with other --set values has a folder of its own, as load_summaries requires
+FOLDERS = {"e1": {"e1": None, "e1-undefended": sharing.E1_UNDEFENDED}, "e2": {"e2": None}}
 ROLE_WORDS = {"own": "its own task", "unsampled": "the task it never samples", "all": "all tasks"}
+
+
+def load_experiment(name: str, root: Path) -> list[dict]:
+    """The parts of experiment ``name`` from its folders under ``root`` (``FOLDERS``), its own first."""
+    parts = []
+    for folder, arm in FOLDERS[name].items():
+        found = load_summaries(root / folder) if (root / folder).is_dir() else []
+        parts += [part if arm is None else as_arm(part, arm) for part in found]
+    return parts
+
+
+def as_arm(part: dict, arm: str) -> dict:
+    """``part`` counted as ``arm``, its description naming the settings that make it a variant."""
+    return {**part, "arm": arm, "what": f"{part['what']}, with `{' '.join(part['setup']['sets'])}`"}
 
 
 def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
@@ -188,7 +205,8 @@ def verdict_label(primary: sharing.Comparison, design_seeds: int) -> str:
 
 
 def e1_report(parts: list[dict], plot_name: str) -> str:
-    transfer, own = sharing.e1_comparisons(sharing.by_arm(parts))
+    arms = sharing.by_arm(parts)
+    transfer, own = sharing.e1_comparisons(arms)
     verdicts = sharing.e1_verdicts(transfer, own)
     metrics = [
         (f"held-out pass@1, {ROLE_WORDS[role]}", sharing.final_pass1(role)) for role in ("unsampled", "own")
@@ -199,6 +217,16 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
         show_comparison(own, "held-out pass@1 on the node's own task (secondary; non-inferior if the 95% "
                         f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
     ]  # fmt: skip
+    if sharing.E1_UNDEFENDED in arms:
+        unsampled, own_task = sharing.e1_defence_comparisons(arms)
+        comparisons += [
+            "",
+            f"What the peer defence costs ({sharing.E1_UNDEFENDED} runs without it; no rule was fixed for "
+            "this comparison before the runs, so it is an estimate, not a verdict):",
+            "",
+            show_comparison(unsampled, "held-out pass@1 on the task a node never samples"),
+            show_comparison(own_task, "held-out pass@1 on the node's own task"),
+        ]
     verdict = (
         f"{verdict_label(transfer, sharing.E1_SEEDS)} (rules and margins fixed before the runs: `{RULES}`): "
         f"**{verdicts[0]}**; **{verdicts[1]}**."
@@ -273,7 +301,8 @@ def plot_probe(
 
 def plot_e1(parts: list[dict], path: Path) -> None:
     def lines(role: str) -> list[tuple[str, str]]:
-        return [("spec-silo", role), ("spec-2/2", role), ("generalist-silo", "all")]
+        specialists = ("spec-silo", "spec-2/2", sharing.E1_UNDEFENDED)
+        return [(name, role) for name in specialists] + [("generalist-silo", "all")]
 
     panels = [("the task a node never samples", lines("unsampled")), ("the node's own task", lines("own"))]
     plot_probe(sharing.by_arm(parts), panels, path)

@@ -8,8 +8,8 @@ import pytest
 from scipy import stats as scipy_stats
 
 from swarmnode.experiment import sharing
-from swarmnode.experiment.sapo_report import dump, load_summaries, summary_path
-from swarmnode.experiment.sharing_report import EXPERIMENTS, seed_curves, time_spent
+from swarmnode.experiment.sapo_report import dump, summary_path
+from swarmnode.experiment.sharing_report import EXPERIMENTS, load_experiment, seed_curves, time_spent
 
 A, B = "basic_arithmetic", "propositional_logic"
 SEEDS = range(6)
@@ -189,13 +189,25 @@ def test_the_probe_band_is_the_interval_over_seeds_of_the_node_means():
     assert half == pytest.approx([expected] * 3)
 
 
+def undefended(transfer: list[float]) -> dict[int, dict]:
+    """spec-2/2 as E1's undefended variant runs it: the same arm name, with its own --set."""
+    parts = e1(transfer, offset(0.0))["spec-2/2"]
+    for part in parts.values():
+        part["setup"] = {**part["setup"], "sets": ["offpolicy.peer_defence=none"]}
+    return parts
+
+
 @pytest.mark.parametrize("experiment", ["e1", "e2"])
 def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, experiment):
-    arms = e1(offset(0.06), offset(0.0)) if experiment == "e1" else e2(offset(0.05), NOISE)
-    for seeds in arms.values():
-        for part in seeds.values():
-            summary_path(tmp_path, part["arm"], part["seed"]).write_text(dump(part))
-    parts = load_summaries(tmp_path)
+    folders = {"e1": e1(offset(0.06), offset(0.0)), "e1-undefended": {"spec-2/2": undefended(offset(0.09))}}
+    if experiment == "e2":
+        folders = {"e2": e2(offset(0.05), NOISE)}
+    for folder, arms in folders.items():
+        for seeds in arms.values():
+            for part in seeds.values():
+                (tmp_path / folder).mkdir(exist_ok=True)
+                summary_path(tmp_path / folder, part["arm"], part["seed"]).write_text(dump(part))
+    parts = load_experiment(experiment, tmp_path)
     make_report, make_plot = EXPERIMENTS[experiment]
     text = make_report(parts, "plot.png")
     make_plot(parts, tmp_path / "plot.png")
@@ -205,6 +217,12 @@ def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, expe
         assert text.count("**Verdict** (rules") == 1  # 6 seeds: E1's design
         # never sampled, per seed 0.20 + 0.02 s + 0.06 + jitter: 0.310 over the 6 seeds
         assert "| spec-2/2 | propositional_logic | that never sample it | 0.310 ± " in text
+        # the undefended variant counts as an arm of its own, compared with spec-2/2 seed by seed
+        assert (
+            "- **spec-2/2 undefended - spec-2/2**, held-out pass@1 on the task a node never samples: +0.030"
+            in text
+        )
+        assert "| spec-2/2 undefended | spec-2/2, with `offpolicy.peer_defence=none` | 6 |" in text
     else:
         assert "**helps**" in text and "- **2/2 - silo-4**, probe area: +0.050 over 6 seeds" in text
         assert (
@@ -212,7 +230,7 @@ def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, expe
             and "**Verdict**" not in text
         )
         assert "| silo-2 | basic_arithmetic | that sample it |" in text
-    assert f"python -m benchmarks.sapo_table --arms {next(iter(arms))} --seeds 5" in text
+    assert f"python -m benchmarks.sapo_table --arms {next(iter(folders[experiment]))} --seeds 5" in text
 
 
 def test_the_time_line_adds_evaluation_cpu_time_of_the_parts_that_record_it():
