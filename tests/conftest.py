@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers.stale_sockets import remove_stale_hivemind_sockets
+from tests.helpers.stranded_sockets import remove_stranded_sockets
 
 # fixtures shared by several test files: the verifier tests' banks, the learner tests' tiny models
 pytest_plugins = ("tests.helpers.verify_world", "tests.helpers.tiny_policies")
@@ -24,10 +24,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Leave /tmp as the run found it: the crash tests' SIGKILLs strand hivemind's socket files."""
+    """Leave /tmp as the run found it: the crash tests' SIGKILLs strand socket files there."""
     started = session.config.stash.get(_STARTED, None)
     if started is not None:
-        remove_stale_hivemind_sockets(since=started)
+        remove_stranded_sockets(since=started)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
