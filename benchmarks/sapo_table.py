@@ -202,9 +202,8 @@ def summarize(arm: Arm, seed: int, args: argparse.Namespace, info: dict, run_dir
     for i, run_dir in enumerate(run_dirs):
         nodes.append(summarize_node(i, seed, run_dir, args))
         scored = nodes[-1]["eval"]
-        print(
-            f"{arm.name} seed {seed} node{i}: held-out pass@1 {scored and scored['pass@1']}", file=sys.stderr
-        )
+        score = f"{scored['pass@1']:.3f}" if scored else "none (no final checkpoint)"
+        print(f"{arm.name} seed {seed} node{i}: held-out pass@1 {score}", file=sys.stderr)
     config = args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config
     setup = {
         "config": str(config), "sets": args.set, "groups": args.groups, "rounds": args.rounds,
