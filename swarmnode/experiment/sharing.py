@@ -155,20 +155,15 @@ def compare(
     return Comparison(arm, baseline, diff, equivalence(diff, margin), tuple(sorted(a.keys() ^ b.keys())))
 
 
-def e1_comparisons(arms: dict[str, dict[int, dict]]) -> tuple[Comparison, Comparison]:
-    """E1's primary (never-sampled task) and secondary (own task) comparisons."""
-    transfer = compare(arms, "spec-2/2", "spec-silo", final_pass1("unsampled"), E1_TRANSFER_MARGIN)
-    own = compare(arms, "spec-2/2", "spec-silo", final_pass1("own"), E1_OWN_TASK_MARGIN)
+def e1_comparisons(
+    arms: dict[str, dict[int, dict]], arm: str = "spec-2/2", baseline: str = "spec-silo"
+) -> tuple[Comparison, Comparison]:
+    """``arm`` - ``baseline`` on the never-sampled task and on the own task: by default E1's primary and
+    secondary comparisons. (E1_UNDEFENDED - spec-2/2, what the peer defence costs a specialist, has no rule
+    fixed before the runs: an estimate, not a verdict.)"""
+    transfer = compare(arms, arm, baseline, final_pass1("unsampled"), E1_TRANSFER_MARGIN)
+    own = compare(arms, arm, baseline, final_pass1("own"), E1_OWN_TASK_MARGIN)
     return transfer, own
-
-
-def e1_defence_comparisons(arms: dict[str, dict[int, dict]]) -> tuple[Comparison, Comparison]:
-    """spec-2/2 undefended - spec-2/2 on the never-sampled and on the own task: what the peer defence
-    costs a specialist. No rule was fixed for it before the runs, so these are estimates, not verdicts."""
-    return (
-        compare(arms, E1_UNDEFENDED, "spec-2/2", final_pass1("unsampled"), E1_TRANSFER_MARGIN),
-        compare(arms, E1_UNDEFENDED, "spec-2/2", final_pass1("own"), E1_OWN_TASK_MARGIN),
-    )
 
 
 def e1_verdicts(transfer: Comparison, own: Comparison) -> list[str]:

@@ -218,7 +218,7 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
                         f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
     ]  # fmt: skip
     if sharing.E1_UNDEFENDED in arms:
-        unsampled, own_task = sharing.e1_defence_comparisons(arms)
+        unsampled, own_task = sharing.e1_comparisons(arms, sharing.E1_UNDEFENDED, "spec-2/2")
         comparisons += [
             "",
             f"What the peer defence costs ({sharing.E1_UNDEFENDED} runs without it; no rule was fixed for "
