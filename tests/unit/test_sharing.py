@@ -4,12 +4,20 @@ The report and its plots are built from summaries on disk. No model runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from scipy import stats as scipy_stats
 
 from swarmnode.experiment import sharing
-from swarmnode.experiment.sapo_report import dump, summary_path
-from swarmnode.experiment.sharing_report import EXPERIMENTS, load_experiment, seed_curves, time_spent
+from swarmnode.experiment.sapo_report import dump, summary_path, write_report
+from swarmnode.experiment.sharing_report import (
+    BLOCKS,
+    EXPERIMENTS,
+    load_experiment,
+    seed_curves,
+    time_spent,
+)
 
 A, B = "basic_arithmetic", "propositional_logic"
 SEEDS = range(6)
@@ -238,3 +246,17 @@ def test_the_time_line_adds_evaluation_cpu_time_of_the_parts_that_record_it():
     assert "CPU" not in time_spent(parts)
     parts[0]["eval_cpu_s"], parts[1]["eval_cpu_s"] = 3600.0, 1800.0
     assert time_spent(parts).endswith("evaluation CPU time 1.5 h over the 2 parts that record it.")
+
+
+@pytest.mark.parametrize("experiment", ["e1", "e2"])
+def test_the_committed_report_is_what_the_committed_summaries_make(tmp_path, experiment):
+    """#28's figures must come from the summaries in docs/sharing/ alone: a summary added, changed or lost
+    without rerunning ``benchmarks.sharing_report`` makes docs/sharing.md disagree with it."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    report = tmp_path / "sharing.md"
+    report.write_text((docs / "sharing.md").read_text())
+    make_report, _ = EXPERIMENTS[experiment]
+    parts = load_experiment(experiment, docs / "sharing")
+    assert parts, f"no committed summaries for {experiment}"
+    write_report(report, make_report(parts, f"sharing-{experiment}.png"), *BLOCKS[experiment])
+    assert report.read_text() == (docs / "sharing.md").read_text()
