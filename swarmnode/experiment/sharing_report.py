@@ -271,7 +271,8 @@ def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[floa
 def plot_probe(
     arms: dict[str, dict[int, dict]], panels: list[tuple[str, list[tuple[str, str]]]], path: Path
 ) -> None:
-    """One panel per (title, [(arm, role)]): probe pass@1 per round, mean over seeds, 95% band."""
+    """One panel per (title, [(arm, role)]): probe pass@1 per round, mean over seeds, 95% band (cut to
+    pass@1's range [0, 1]: with few seeds the t interval spans more than the metric can)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -286,8 +287,8 @@ def plot_probe(
             label = f"{name} ({len(arms[name])} seeds)" + (f", {ROLE_WORDS[role]}" if role != "all" else "")
             (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
             if len(arms[name]) > 1:
-                lo = [m - h for m, h in zip(mean, half, strict=True)]
-                hi = [m + h for m, h in zip(mean, half, strict=True)]
+                lo = [max(0.0, m - h) for m, h in zip(mean, half, strict=True)]
+                hi = [min(1.0, m + h) for m, h in zip(mean, half, strict=True)]
                 ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.15)
         ax.set_title(title)
         ax.set_xlabel("round")
