@@ -13,7 +13,9 @@ anonymous pages stay resident.
 Per node and round the peak of each memory series and the floor of open files while that round ran
 are kept (``per_round``); the slope per round is the
 least-squares fit over the rounds after ``--warmup`` (allocator and cache warm-up) and before the last
-``--cooldown`` (nodes that finish leave, and their peers then stop hearing from them). What the
+``--cooldown`` (nodes that finish leave, and their peers then stop hearing from them). Open files also
+get their median rise per round (``median_rise``), which a short run checks instead of the slope: over
+a few rounds one peer connection opened late moves a least-squares slope as much as a leak does. What the
 report says, per node and in all: exit code, rounds completed, the slopes (RSS KiB/round, fds/round),
 error lines in the log, rejections and fetch failures, the longest share phase against the deadline,
 and in how many rounds the node trained on peer groups ("keeps exchanging", from its own per-round
@@ -27,6 +29,7 @@ Every wait is bounded (``--time-limit``); only processes this script started are
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -143,6 +146,16 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
+def median_rise(values: dict[int, float], rounds: list[int]) -> float:
+    """Median change per round between consecutive rounds: a leak of k a round makes it k, while a
+    one-off step (a connection opened late) leaves it 0 as long as fewer than half the rounds step."""
+    rises = sorted((values[b] - values[a]) / (b - a) for a, b in itertools.pairwise(rounds))
+    if not rises:
+        return 0.0
+    mid = len(rises) // 2
+    return rises[mid] if len(rises) % 2 else (rises[mid - 1] + rises[mid]) / 2
+
+
 def per_round(trace: NodeTrace, name: str) -> dict[int, float]:
     """Peak of a memory series, floor of open files, while each round ran (samples taken with r rounds
     completed belong to round r+1). A leak raises the floor of open files; streams in flight (pulls and
@@ -165,6 +178,8 @@ def analyse_node(
         peaks = per_round(trace, name)
         xs = [r for r in window if r in peaks]
         out[f"{name}_slope"] = round(slope(xs, [peaks[r] for r in xs]), 2)
+        if name.startswith("fds_"):
+            out[f"{name}_rise"] = round(median_rise(peaks, xs), 2)
         out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
         out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
         out[f"{name}_max"] = max(peaks.values(), default=None)
@@ -272,8 +287,15 @@ def run_soak(
     }
 
 
-def check(report: dict, *, max_rss_slope_kib: float, max_fds_slope: float) -> list[str]:
-    """Everything that makes the soak a failure, as readable lines ([] = it held)."""
+def check(
+    report: dict,
+    *,
+    max_rss_slope_kib: float,
+    max_fds_slope: float | None = None,
+    max_fds_rise: float | None = None,
+) -> list[str]:
+    """Everything that makes the soak a failure, as readable lines ([] = it held). Open files are bounded
+    by their least-squares slope (long runs) and/or by the median rise of each process (short runs)."""
     problems = []
     if report["timed_out"]:
         problems.append("the soak ran past its time limit")
@@ -291,6 +313,10 @@ def check(report: dict, *, max_rss_slope_kib: float, max_fds_slope: float) -> li
             problems.append(f"{name}: trained on peer groups in only {n['rounds_exchanging']} rounds")
         if n["anon_total_slope"] > max_rss_slope_kib:
             problems.append(f"{name}: anonymous memory grows {n['anon_total_slope']} KiB/round")
-        if n["fds_total_slope"] > max_fds_slope:
+        if max_fds_slope is not None and n["fds_total_slope"] > max_fds_slope:
             problems.append(f"{name}: open files grow {n['fds_total_slope']} per round")
+        for kind in (*KINDS, "total"):
+            rise = n[f"fds_{kind}_rise"]
+            if max_fds_rise is not None and rise > max_fds_rise:
+                problems.append(f"{name}: open files of {kind} rise {rise} in a typical round")
     return problems

@@ -1,8 +1,8 @@
 """Soak, short version (the long one: benchmarks/soak.py, 16 nodes x 50 rounds, in docs/reliability.md).
 
-Four tiny nodes for eight rounds, sampled from /proc every second: no errors, no rejections, no round
+Four tiny nodes for ten rounds, sampled from /proc every second: no errors, no rejections, no round
 waiting past its deadline, every node accepting peer groups, and open files flat. Memory is only bounded
-grossly here (16 MiB a round: eight rounds are mostly allocator and first-checkpoint warm-up, in which a
+grossly here (16 MiB a round: ten rounds are mostly allocator and first-checkpoint warm-up, in which a
 node's anonymous memory was seen to grow by up to 8 MiB a round); the long run measures its slope.
 """
 
@@ -12,24 +12,26 @@ import json
 
 import pytest
 
-from swarmnode.experiment.soak import check, run_soak
+from swarmnode.experiment.soak import KINDS, check, run_soak
 
 
-def test_four_nodes_eight_rounds_stay_flat_and_keep_exchanging(tmp_path):
+def test_four_nodes_ten_rounds_stay_flat_and_keep_exchanging(tmp_path):
     report = run_soak(
-        tmp_path, nodes=4, rounds=8, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=0.5,
+        tmp_path, nodes=4, rounds=10, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=0.5,
         time_limit_s=420.0,
     )  # fmt: skip
     print(f"\nsoak: {json.dumps(report['summary'])}")
-    # open files: a leak of one descriptor a round in any of a node's processes has a slope of 1 or more;
-    # in a five-round window a floor that steps up once or twice (a peer connection opened late) fits up
-    # to 0.6 (0.51 failed CI once), so the bound is 0.9 here; the long soak's 50 rounds bound it to 0.1
-    assert check(report, max_rss_slope_kib=16384.0, max_fds_slope=0.9) == [], json.dumps(report, indent=1)
-    # open files: the same at the end of the window as at its start, give or take the streams in flight
-    # when a round's peak was read (a pull and a served stream per peer)
+    # open files: a leak of one descriptor a round in any of a node's processes makes that process's median
+    # rise 1; a peer connection opened late is a one-off step in the node and its p2pd, which moved the
+    # least-squares slope of a five-round window to 1.7 once in CI, so the short run bounds the median rise
+    # (the long soak's 50 rounds bound the slope to 0.1)
+    assert check(report, max_rss_slope_kib=16384.0, max_fds_rise=0.9) == [], json.dumps(report, indent=1)
+    # open files: each process the same at the end of the window as at its start, give or take the streams
+    # in flight when a round's floor was read (a pull and a served stream per peer)
     in_flight = 2 * (len(report["per_node"]) - 1)
     for node in report["per_node"]:
-        assert abs(node["fds_total_last"] - node["fds_total_first"]) <= in_flight, node
+        for kind in KINDS:
+            assert abs(node[f"fds_{kind}_last"] - node[f"fds_{kind}_first"]) <= in_flight, node
 
 
 @pytest.mark.slow
