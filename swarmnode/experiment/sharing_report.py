@@ -237,14 +237,24 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
 
 
 def e2_report(parts: list[dict], plot_name: str) -> str:
-    share, batch, same_sampling = sharing.e2_comparisons(sharing.by_arm(parts))
+    arms = sharing.by_arm(parts)
+    share, batch, same_sampling = sharing.e2_comparisons(arms)
     verdicts = sharing.e2_verdicts(share, batch)
     metrics = [("probe area", sharing.area("all")), ("held-out pass@1", sharing.final_pass1("all"))]
     what = "probe area"
+    held_out = [
+        sharing.compare(arms, c.arm, c.baseline, sharing.final_pass1("all"), sharing.E2_AREA_MARGIN)
+        for c in (share, batch)
+    ]
     comparisons = [
         show_comparison(share, what),
         show_comparison(batch, what),
         show_comparison(same_sampling, what + " (same sampling; not a verdict of its own)"),
+        "",
+        "Held-out pass@1 at the end (500 questions per task; no rule was fixed for it before the runs, so "
+        "these are estimates, not verdicts):",
+        "",
+        *(show_comparison(c, "held-out pass@1") for c in held_out),
     ]
     verdict = (
         f"{verdict_label(share, sharing.E2_SEEDS)} (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before "

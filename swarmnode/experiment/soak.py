@@ -209,6 +209,7 @@ def summarise(nodes: list[dict]) -> dict:
 
     return {
         **{f"{name}_slope": stats(f"{name}_slope") for name in SERIES},
+        **{f"{name}_rise": stats(f"{name}_rise") for name in SERIES if name.startswith("fds_")},
         "rss_total_last_kib": stats("rss_total_last"),
         "anon_total_last_kib": stats("anon_total_last"),
         "fds_total_last": stats("fds_total_last"),
