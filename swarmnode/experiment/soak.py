@@ -15,7 +15,8 @@ are kept (``per_round``); the slope per round is the
 least-squares fit over the rounds after ``--warmup`` (allocator and cache warm-up) and before the last
 ``--cooldown`` (nodes that finish leave, and their peers then stop hearing from them). Open files also
 get their median rise per round (``median_rise``), which a short run checks instead of the slope: over
-a few rounds one peer connection opened late moves a least-squares slope as much as a leak does. What the
+a few rounds one step or one round's spike (streams in flight at all its samples) moves a least-squares
+slope as much as a leak does. What the
 report says, per node and in all: exit code, rounds completed, the slopes (RSS KiB/round, fds/round),
 error lines in the log, rejections and fetch failures, the longest share phase against the deadline,
 and in how many rounds the node trained on peer groups ("keeps exchanging", from its own per-round
@@ -32,6 +33,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from swarmnode.experiment.processes import REPO, NodeProc, read_jsonl, start_nod
 
 KINDS = ("node", "dht", "p2pd")
 SERIES = tuple(f"{what}_{kind}" for what in ("rss", "anon", "fds") for kind in (*KINDS, "total"))
+FDS_SERIES = tuple(name for name in SERIES if name.startswith("fds_"))
 ERROR_MARKERS = ("Traceback", "ERROR", "CRITICAL", "Exception")
 
 
@@ -148,12 +151,9 @@ def slope(xs: list[float], ys: list[float]) -> float:
 
 def median_rise(values: dict[int, float], rounds: list[int]) -> float:
     """Median change per round between consecutive rounds: a leak of k a round makes it k, while a
-    one-off step (a connection opened late) leaves it 0 as long as fewer than half the rounds step."""
-    rises = sorted((values[b] - values[a]) / (b - a) for a, b in itertools.pairwise(rounds))
-    if not rises:
-        return 0.0
-    mid = len(rises) // 2
-    return rises[mid] if len(rises) % 2 else (rises[mid - 1] + rises[mid]) / 2
+    one-off step or a one-round spike leaves it 0 as long as fewer than half the rounds move."""
+    rises = [(values[b] - values[a]) / (b - a) for a, b in itertools.pairwise(rounds)]
+    return statistics.median(rises) if rises else 0.0
 
 
 def per_round(trace: NodeTrace, name: str) -> dict[int, float]:
@@ -168,21 +168,28 @@ def per_round(trace: NodeTrace, name: str) -> dict[int, float]:
     return values
 
 
+def trace_stats(trace: NodeTrace, window: range) -> dict:
+    """Per series over the window: slope, first, last and max, and the median rise of open files."""
+    out: dict = {}
+    for name in SERIES:
+        peaks = per_round(trace, name)
+        xs = [r for r in window if r in peaks]
+        out[f"{name}_slope"] = round(slope(xs, [peaks[r] for r in xs]), 2)
+        if name in FDS_SERIES:
+            out[f"{name}_rise"] = round(median_rise(peaks, xs), 2)
+        out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
+        out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
+        out[f"{name}_max"] = max(peaks.values(), default=None)
+    return out
+
+
 def analyse_node(
     node: NodeProc, trace: NodeTrace, *, rounds: int, warmup: int, cooldown: int, deadline_s: float
 ) -> dict:
     records = read_jsonl(node.run_dir / "metrics.jsonl")
     window = range(warmup + 1, rounds - cooldown + 1)
     out: dict = {"run_dir": str(node.run_dir), "exit_code": node.proc.returncode, "rounds": len(records)}
-    for name in SERIES:
-        peaks = per_round(trace, name)
-        xs = [r for r in window if r in peaks]
-        out[f"{name}_slope"] = round(slope(xs, [peaks[r] for r in xs]), 2)
-        if name.startswith("fds_"):
-            out[f"{name}_rise"] = round(median_rise(peaks, xs), 2)
-        out[f"{name}_first"] = peaks.get(xs[0]) if xs else None
-        out[f"{name}_last"] = peaks.get(xs[-1]) if xs else None
-        out[f"{name}_max"] = max(peaks.values(), default=None)
+    out.update(trace_stats(trace, window))
     exchanged = sum(1 for r in records if r["round"] in window and r["groups_peer"] > 0)
     out["rounds_exchanging"] = exchanged
     out["window_rounds"] = len(window)
@@ -209,7 +216,7 @@ def summarise(nodes: list[dict]) -> dict:
 
     return {
         **{f"{name}_slope": stats(f"{name}_slope") for name in SERIES},
-        **{f"{name}_rise": stats(f"{name}_rise") for name in SERIES if name.startswith("fds_")},
+        **{f"{name}_rise": stats(f"{name}_rise") for name in FDS_SERIES},
         "rss_total_last_kib": stats("rss_total_last"),
         "anon_total_last_kib": stats("anon_total_last"),
         "fds_total_last": stats("fds_total_last"),
@@ -316,8 +323,8 @@ def check(
             problems.append(f"{name}: anonymous memory grows {n['anon_total_slope']} KiB/round")
         if max_fds_slope is not None and n["fds_total_slope"] > max_fds_slope:
             problems.append(f"{name}: open files grow {n['fds_total_slope']} per round")
-        for kind in (*KINDS, "total"):
-            rise = n[f"fds_{kind}_rise"]
-            if max_fds_rise is not None and rise > max_fds_rise:
-                problems.append(f"{name}: open files of {kind} rise {rise} in a typical round")
+        for series in FDS_SERIES if max_fds_rise is not None else ():
+            if n[f"{series}_rise"] > max_fds_rise:
+                kind = series.removeprefix("fds_")
+                problems.append(f"{name}: open files of {kind} rise {n[f'{series}_rise']} in a typical round")
     return problems
