@@ -1,7 +1,7 @@
 """The ``swarmnode`` command line.
 
 Options only pass overrides to the config (``--set section.field=value``, ``--rounds``, ``--run-dir``);
-defaults live in config.py alone. Heavy imports (torch, transformers, hivemind) happen inside the
+defaults live in swarmnode/config/ alone. Heavy imports (torch, transformers, hivemind) happen inside the
 commands so ``--help`` and config errors answer at once, and a start checks its ports and addresses
 (preflight.py) before it imports the node. Libraries' warnings and loading bars are hidden unless
 ``-v``. User-fixable errors are printed as one line and exit with status 2; nothing else is caught here.
