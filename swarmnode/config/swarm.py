@@ -18,8 +18,12 @@ RENAMED_SWARM_KEYS = {"external_per_round": "peer_groups_per_round"}  # old -> n
 class SwarmConfig(Strict):
     @model_validator(mode="after")
     def _min_peers_fit_the_view(self) -> SwarmConfig:
-        if self.min_peers >= self.view_size:  # it would wait out wait_for_peers_s every start
-            raise ValueError(f"swarm.min_peers={self.min_peers} must be < swarm.view_size={self.view_size}")
+        if self.min_peers >= self.view_size:
+            raise ValueError(
+                f"swarm.min_peers={self.min_peers} must be < swarm.view_size={self.view_size}, or every "
+                "start waits out swarm.wait_for_peers_s for peers its view cannot hold: lower "
+                "swarm.min_peers or raise swarm.view_size"
+            )
         return self
 
     @model_validator(mode="before")

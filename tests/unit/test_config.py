@@ -84,6 +84,15 @@ def test_bad_value_names_the_field_and_the_file(tmp_path: Path) -> None:
         load_config(None, {"swarm.view_size": 16, "swarm.min_peers": 16})
 
 
+def test_min_peers_beyond_the_view_says_which_fields_to_change() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, {"swarm.view_size": 16, "swarm.min_peers": 20})
+    message = str(err.value)
+    assert message.startswith("defaults + command-line overrides: field 'swarm': ")
+    assert "swarm.min_peers=20 must be < swarm.view_size=16" in message
+    assert message.endswith("lower swarm.min_peers or raise swarm.view_size")
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
