@@ -25,7 +25,8 @@ class OffPolicyConfig(Strict):
     )
     peer_defence: Literal["none", "span", "span_multiscale", "token_budget", "rescue"] = Field(
         "span_multiscale",
-        description="What peer text beyond its verified answer may teach (learn/peer_defence.py, #29): none; "
+        description="What peer text beyond its verified answer may teach, against peers that hide a payload "
+        "in correct completions (learn/peer_defence.py; measured in docs/poisoning.md): none; "
         "span = peer tokens in 8-token spans this node would not write (its own log-probs) leave the loss; "
         "span_multiscale = the same over spans of 1, 2, 4 and 8 tokens; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from pydantic import BaseModel
 
 from swarmnode.config import DRAW_STRIDE, NodeConfig, load_config, parse_override
 from swarmnode.errors import ConfigError
@@ -221,3 +224,20 @@ def test_the_probe_is_off_by_default_and_checked() -> None:
         load_config(None, {"probe.questions_per_task": 0})
     with pytest.raises(ConfigError, match=r"unknown field 'probe\.every'"):
         load_config(None, {"probe.every": 5})
+
+
+def _descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Every field description and section docstring under ``model``, by dotted name."""
+    found = {model.__name__: model.__doc__ or ""}
+    for name, field in model.model_fields.items():
+        found[name] = field.description or ""
+        for arg in (field.annotation, *get_args(field.annotation)):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                found.update({f"{name}.{key}": text for key, text in _descriptions(arg).items()})
+    return found
+
+
+def test_descriptions_say_what_they_refer_to_not_an_issue_number() -> None:
+    texts = _descriptions(NodeConfig)
+    assert "offpolicy.peer_defence" in texts and "model.tiny.seed" in texts  # the walk reaches nested ones
+    assert {key: text for key, text in texts.items() if re.search(r"#\d", text)} == {}
