@@ -43,9 +43,9 @@ class ModelConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="The learner's "
-        "weights. auto = float32 (on CUDA the forward runs in bf16: train.autocast); bfloat16/float16 halve "
-        "their memory but drop AdamW updates below their resolution, most of them at RL learning rates.",
+        description="The learner's weights. auto = float32 everywhere (on CUDA the forward pass runs in bf16 "
+        "through train.autocast); bfloat16/float16 halve their memory but drop AdamW updates smaller "
+        "than their resolution, most of them at RL learning rates.",
     )
     lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of all weights.")
     gradient_checkpointing: bool | None = Field(

@@ -105,9 +105,10 @@ class SwarmConfig(Strict):
         128,
         ge=8,
         le=512,
-        description="Peers kept in this node's view of the swarm "
-        "(whom it notifies, polls, waits for; half open to peers that have not delivered yet). It, not the "
-        "swarm's size, sets a round's work: larger hears of batches sooner, reads more (docs/scaling.md).",
+        description="Peers this node keeps in its view of the swarm (its roster): whom it notifies, polls "
+        "and waits for; half of it stays open to peers that have not delivered yet. Its size, not the "
+        "swarm's, sets this node's per-round work: a larger view hears of more batches sooner and costs "
+        "more DHT reads (docs/scaling.md).",
     )
     ban_s: float = Field(
         60.0,
