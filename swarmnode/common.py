@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Hashable, Iterator
 from pathlib import Path
@@ -111,16 +112,35 @@ def fsync_dir(directory: Path) -> None:
 
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Replace ``path`` with ``data`` so a reader (or a crash) sees the old file or the new one, never
-    half of one: write a temporary file beside it, flush it to disk, rename it over ``path``."""
+    half of one: write a temporary file beside it, flush it to disk, rename it over ``path``.
+
+    The temporary file is created by ``tempfile.mkstemp`` (a random name, ``O_CREAT | O_EXCL | O_NOFOLLOW``):
+    a file or symlink already at a name is never opened or written through, so whoever can write to the
+    folder cannot redirect the write to a file elsewhere. It gets the mode a plain ``open`` would give
+    (0666 less the umask), so other readers (Prometheus reading the targets file) keep reading it."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     try:
-        with tmp.open("wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
     fsync_dir(path.parent)
+
+
+DEFAULT_UMASK = 0o022  # where the process's umask cannot be read without changing it
+
+
+def _umask() -> int:
+    """The process's umask, read from /proc (setting it to read it back would race other threads)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    return DEFAULT_UMASK
