@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swarmnode.config import NodeConfig
-from swarmnode.learn.batch import to_sequences
+from swarmnode.learn.batch import own_untrained_sequences, to_sequences
 from swarmnode.learn.heap import return_freed_heap, sampling_heap
 from swarmnode.learn.peer_defence import budget_by_producer, rescue_only
 from swarmnode.learn.replay import ReplayBuffer
@@ -117,7 +117,14 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     _say(ctx, f"training on {len(sequences)} sequences ({sum(s.length for s in sequences)} tokens)")
     if ctx.before_update is not None:
         ctx.before_update()
-    stats = ctx.trainer.step(sequences)
+    # the span gate's floors read all of the round's own text, trained or not (learn/peer_defence.py)
+    untrained = own_untrained_sequences(
+        local,
+        ctx.policy.tokenizer,
+        ctx.policy.tokenizer_fingerprint,
+        system_prompt=ctx.cfg.sampling.system_prompt,
+    )
+    stats = ctx.trainer.step(sequences, floor_only=untrained)
     ctx.trainer.release_gradients()
     return_freed_heap()
     t_train = time.perf_counter()

@@ -87,6 +87,19 @@ def to_sequences(
     return sequences
 
 
+def own_untrained_sequences(
+    groups: Sequence[RolloutGroup], tokenizer, tokenizer_fingerprint: str, *, system_prompt: str | None = None
+) -> list[TrainSequence]:
+    """One TrainSequence (advantage 0) per completion of this node's own zero-advantage groups, the ones
+    ``to_sequences`` drops: they never train, but they are this node's own text of the round, and the span
+    gate takes its floors from all of it (``Trainer.step``'s ``floor_only``, ``peer_defence``)."""
+    sequences = []
+    for group in groups:
+        if group.provenance.source == "local" and not group.informative:
+            sequences += _group_sequences(group, tokenizer, tokenizer_fingerprint, False, system_prompt)
+    return sequences
+
+
 def _group_sequences(
     group: RolloutGroup, tokenizer, fingerprint: str, scale_advantages: bool, system_prompt: str | None
 ) -> list[TrainSequence]:

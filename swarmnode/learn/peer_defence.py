@@ -1,4 +1,5 @@
-"""What a node does with a peer's verified text beyond its answer: defences against payloads (#29).
+"""What a node does with a peer's verified text beyond its answer: defences against payloads that ride on
+correct answers.
 
 Verification guarantees that a peer group's rewards are the node's own scores of the peer's answers. It
 says nothing about the rest of the text: a peer that writes a payload (a sentence, a link, a habit) into
@@ -24,6 +25,16 @@ never a number the sender chose (``offpolicy.peer_defence``):
 - ``rescue``: peer groups only for tasks this node fails at (Mutual RL's rescue set, arXiv 2605.07244):
   a task whose own groups this round score at least RESCUE_SOLVED on average takes no peer group; a
   task the node did not sample this round (a specialist's other task) takes them all.
+
+Both span gates read the windows of *every* own completion of the round, whatever its reward: a
+zero-advantage group never trains, but it is this node's text all the same, so the learner reads its
+log-probs in one no-grad pass (``Trainer.step``'s ``floor_only``; only when there is peer text to judge).
+Otherwise the floors would depend on which own groups happened to score alike, and a round where all of
+them did would have no own window at all. A window size with no own window in the step (no own
+completion that long) takes the last floor measured at that size (``Trainer.span_floors``, not kept
+across a restart); only a node that has never had an own window falls back to FLOOR_WITHOUT_OWN, at
+SPAN_WINDOW alone: a fixed floor fits one model's text and not another's, and at 1 token it would gate
+honest text of a model whose own tokens reach lower.
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ SPAN_WINDOW = 8  # tokens in a window
 SPAN_WINDOWS = {"span": (SPAN_WINDOW,), "span_multiscale": (1, 2, 4, SPAN_WINDOW)}  # the gates' sizes
 OWN_QUANTILE = 0.01  # the floor: this quantile of the round's own windows' mean log-prob ...
 FLOOR_MARGIN = 1.0  # ... minus this many nats per token
-FLOOR_WITHOUT_OWN = -5.0  # the SPAN_WINDOW floor when this round has no own window to judge from
+FLOOR_WITHOUT_OWN = -5.0  # the SPAN_WINDOW floor before this node has had any own window to judge from
 RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
 
 
@@ -68,8 +79,8 @@ def window_means(logp: torch.Tensor, mask: torch.Tensor, window: int = SPAN_WIND
 def own_floor(
     own_means: Sequence[torch.Tensor], without_own: float | None = FLOOR_WITHOUT_OWN
 ) -> float | None:
-    """The span floor from this round's own windows (``window_means`` of each own micro-batch);
-    ``without_own`` if there are none (None: no gate at this size)."""
+    """The span floor from this round's own windows (``window_means`` of each own micro-batch, trained or
+    not); ``without_own`` if there are none (None: no gate at this size)."""
     values = torch.cat([m[~torch.isnan(m)].flatten() for m in own_means]) if own_means else torch.empty(0)
     if values.numel() == 0:
         return without_own

@@ -1,10 +1,11 @@
 """The learner: GRPO/DAPO updates over the kept question groups, with off-policy correction by source.
 
 ``Trainer.step`` reads top to bottom: split sequences by source (own / same-tokenizer peer / foreign
-peer) -> micro-batches -> (old log-probs if several updates) -> per micro-batch: log-probs, the source's
-correction (offpolicy.py), loss summed over tokens, backward -> divide the gradients by the number of
-tokens that counted (known only after icepop's masking, hence after the backward passes) -> clip ->
-(ESS learning-rate damping) -> AdamW step -> bump the policy version.
+peer) -> micro-batches -> (old log-probs if several updates) -> (the span gate's no-grad pass over own
+text that does not train, peer_defence.py) -> per micro-batch: log-probs, the source's correction
+(offpolicy.py), loss summed over tokens, backward -> divide the gradients by the number of tokens that
+counted (known only after icepop's masking, hence after the backward passes) -> clip -> (ESS
+learning-rate damping) -> AdamW step -> bump the policy version.
 
 Where it departs from textbook GRPO (beyond grpo.py's loss and offpolicy.py's corrections):
 - one update per round by default, so pi_old is the current policy and the PPO ratio is exactly 1 at
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -119,23 +120,30 @@ class UpdateTotals:
 
 class SpanGate:
     """``offpolicy.peer_defence=span`` (or ``span_multiscale``) over one step (peer_defence.py): own
-    micro-batches come first (``Trainer._batches``), so the floors are taken from all of them before the
-    first peer micro-batch, once per step; one floor per window size."""
+    micro-batches come first (the floor-only pass, then ``Trainer._batches``' local ones), so the floors are
+    taken from all of them before the first peer micro-batch, once per step; one floor per window size. A
+    size with no own window this step takes ``carried`` (the last floor measured at that size), else
+    FLOOR_WITHOUT_OWN at SPAN_WINDOW and no gate at the other sizes."""
 
-    def __init__(self, windows: tuple[int, ...]) -> None:
+    def __init__(self, windows: tuple[int, ...], carried: Mapping[int, float] | None = None) -> None:
         self._own: dict[int, list[torch.Tensor]] = {w: [] for w in windows}  # own window means, per size
+        self._carried = dict(carried or {})
         self.floors: dict[int, float | None] | None = None
+
+    def add_own(self, old_logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """An own micro-batch's log-probs (trained or not): its windows set the floors."""
+        if self.floors is None:
+            for w, means in self._own.items():
+                means.append(window_means(old_logp, mask, w))
 
     def keep(self, old_logp: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
         """The micro-batch's mask: unchanged for own data, without the low spans for a peer's."""
         if trusted:
-            if self.floors is None:
-                for w, means in self._own.items():
-                    means.append(window_means(old_logp, mask, w))
+            self.add_own(old_logp, mask)
             return mask
-        if self.floors is None:  # without own windows only SPAN_WINDOW has a floor (FLOOR_WITHOUT_OWN)
+        if self.floors is None:
             self.floors = {
-                w: own_floor(means, FLOOR_WITHOUT_OWN if w == SPAN_WINDOW else None)
+                w: own_floor(means, self._carried.get(w, FLOOR_WITHOUT_OWN if w == SPAN_WINDOW else None))
                 for w, means in self._own.items()
             }
         keep = mask.bool()
@@ -143,6 +151,12 @@ class SpanGate:
             if floor is not None:
                 keep = keep & span_keep(old_logp, mask, floor, w)
         return keep
+
+    def measured(self) -> dict[int, float]:
+        """The floors of this step's own windows, by size (a size without any left out): what the next step
+        carries."""
+        floors = {w: own_floor(means, None) for w, means in self._own.items()}
+        return {w: f for w, f in floors.items() if f is not None}
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -181,6 +195,9 @@ class Trainer:
         )  # fmt: skip
         self.policy_version = 0
         self.reincarnated = False
+        # the span gate's floors from the last step with own windows, by size: a step without any (no own
+        # completion, or none as long as a window) gates peer text with these (SpanGate)
+        self.span_floors: dict[int, float] = {}
 
     def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, bool, PaddedBatch]]:
         """(correction mode, trusted, padded micro-batch); each micro-batch holds one source. Peers' data
@@ -202,22 +219,41 @@ class Trainer:
                     batches.append((mode, source == "local", shared_batch(rows, self.pad_id, self.device)))
         return batches
 
-    def step(self, sequences: Sequence[TrainSequence]) -> StepStats:
-        """``updates_per_round`` optimizer steps over ``sequences``; no-op (version unchanged) if empty."""
+    def step(self, sequences: Sequence[TrainSequence], floor_only: Sequence[TrainSequence] = ()) -> StepStats:
+        """``updates_per_round`` optimizer steps over ``sequences``; no-op (version unchanged) if empty.
+
+        ``floor_only``: own completions that do not train (zero-advantage groups,
+        ``batch.own_untrained_sequences``); with a span defence and peer data in the step, one no-grad pass
+        gives their log-probs, and their windows join the trained own ones in the span gate's floors, so
+        the floors do not depend on which own groups happened to score alike."""
         if not sequences:
             return StepStats()
         # CPU activations live in glibc's heap (heap.py): mmap the step's mid-sized blocks
         with training_heap() if self.device.type == "cpu" else contextlib.nullcontext():
-            return self._step(sequences)
+            return self._step(sequences, floor_only)
 
-    def _step(self, sequences: Sequence[TrainSequence]) -> StepStats:
+    def _span_gate(
+        self, batches: list[tuple[str, bool, PaddedBatch]], floor_only: Sequence[TrainSequence]
+    ) -> SpanGate | None:
+        """The step's span gate (None without a span defence), fed the floor-only sequences' windows when
+        there is peer data to judge (without, the pass would be spent for nothing)."""
+        windows = SPAN_WINDOWS.get(self.offpolicy.peer_defence)
+        if not windows:
+            return None
+        span = SpanGate(windows, carried=self.span_floors)
+        if floor_only and not all(trusted for _, trusted, _ in batches):
+            own = self._batches(floor_only)
+            for (_, _, batch), logp in zip(own, self._frozen_logprobs(self.model, own), strict=True):
+                span.add_own(logp, batch.completion_mask)
+        return span
+
+    def _step(self, sequences: Sequence[TrainSequence], floor_only: Sequence[TrainSequence]) -> StepStats:
         start = time.perf_counter()
         batches = self._batches(sequences)
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None
         off = self.offpolicy
-        windows = SPAN_WINDOWS.get(off.peer_defence)
-        span = SpanGate(windows) if windows else None
+        span = self._span_gate(batches, floor_only)
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
             # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL
@@ -278,6 +314,8 @@ class Trainer:
             self._step_with_lr_scale(lr_scale)
             self.policy_version += 1
         self.model.eval()
+        if span is not None:
+            self.span_floors.update(span.measured())
         seconds = time.perf_counter() - start
         return StepStats(
             sequences=len(sequences),

@@ -12,24 +12,35 @@ from dataclasses import replace
 import pytest
 import torch
 
-from swarmnode.config import ModelConfig, OffPolicyConfig, TrainConfig
+from swarmnode.config import (
+    ModelConfig,
+    NodeConfig,
+    OffPolicyConfig,
+    SamplingConfig,
+    TasksConfig,
+    TrainConfig,
+)
 from swarmnode.learn import peer_defence
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.learn.trainer import SpanGate, Trainer
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
-from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
+from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
+from swarmnode.rounds import RoundContext, run_round
 from swarmnode.sampler.hf import HFSampler
+from swarmnode.tasks import TaskBank
 
 TRAIN = TrainConfig(lr=1e-3, token_budget=512, autocast="off")
 PEAK = 12.0  # the output layer's scale: own samples then sit near -0.5 nats a token, random tokens far below
 PAYLOAD_TOKENS = 12
+TRAINED_PEAK = 30.0  # own samples at about -1.5 nats a token, like SmolLM2's own text (-0.6 to -1.2)
+PAYLOAD_LOGP = -10.0  # about SmolLM2's log-prob of a payload word before an attack (docs/poisoning.md)
 
 
-def _peaked_policy():
+def _peaked_policy(peak: float = PEAK):
     policy = load_policy(ModelConfig(name="tiny"))
     with torch.no_grad():
-        policy.model.get_output_embeddings().weight.mul_(PEAK)
+        policy.model.get_output_embeddings().weight.mul_(peak)
     return policy
 
 
@@ -145,3 +156,146 @@ def test_rescue_takes_peer_groups_only_for_tasks_this_node_fails_at():
     kept = peer_defence.rescue_only(peers, [solved, failed])
     assert [g.ref.dataset for g in kept] == ["propositional_logic", "bf"]
     assert peer_defence.rescue_only(peers, []) == peers
+
+
+# ---------------------------------------------------------------------------------------------------
+# floors in a round whose own groups are all zero-advantage
+# ---------------------------------------------------------------------------------------------------
+class _SplitScores(TaskBank):
+    """The task bank, with every own group's rewards split 0, 1, 0, 1, ...: the random model's groups
+    become informative without changing a completion."""
+
+    def score_group(self, *args, **kwargs) -> RolloutGroup:
+        group = super().score_group(*args, **kwargs)
+        return replace(group, rewards=tuple(float(i % 2) for i in range(len(group.rewards))))
+
+
+def _crafted_peer_group(policy, local: list[RolloutGroup], payload_len: int) -> RolloutGroup:
+    """A peer group on this node's first question: one of this node's own completions verbatim (reward 0)
+    and the same completion with a payload spliced into its middle (reward 1): ``payload_len`` tokens,
+    each the likeliest token below PAYLOAD_LOGP there whose text re-tokenizes to exactly these ids."""
+    tokenizer = policy.tokenizer
+
+    def tokens(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    own = next(c for c in local[0].completions if tokens(c.text) == tuple(c.token_ids))
+    head, tail = own.token_ids[: len(own.token_ids) // 2], own.token_ids[len(own.token_ids) // 2 :]
+    prompt = tuple(encode_prompt(tokenizer, local[0].question))
+    payload: tuple[int, ...] = ()
+    for _ in range(payload_len):
+        with torch.no_grad():
+            logits = policy.model(torch.tensor([prompt + head + payload])).logits[0, -1]
+        payload += (
+            next(
+                t
+                for t in logits.argsort(descending=True).tolist()
+                if torch.log_softmax(logits, -1)[t] < PAYLOAD_LOGP
+                if t not in tokenizer.all_special_ids
+                and tokens(tokenizer.decode(head + payload + (t,) + tail)) == head + payload + (t,) + tail
+            ),
+        )
+    crafted_ids = head + payload + tail
+    crafted = Completion(tokenizer.decode(crafted_ids), crafted_ids, None, finished=False)
+    honest = Completion(own.text, own.token_ids, None, finished=False)
+    provenance = Provenance(
+        source="peer", producer="attacker", policy_version=0, round=1,
+        tokenizer_fingerprint=policy.tokenizer_fingerprint,
+    )  # fmt: skip
+    return RolloutGroup(
+        local[0].ref, local[0].question, (honest, crafted), (0.0, 1.0), (0.0, 1.0), (True, True), provenance
+    )
+
+
+def _gated_in_a_round(own_informative: bool, payload_len: int) -> float:
+    """One round of the default defence on the peaked tiny model: the share of peer tokens gated."""
+    cfg = NodeConfig(
+        model=ModelConfig(name="tiny"),
+        tasks=TasksConfig(mix={"basic_arithmetic": {}}),
+        sampling=SamplingConfig(questions_per_round=2, completions_per_question=4, max_new_tokens=24),
+        train=TRAIN,
+    )
+    policy = _peaked_policy(TRAINED_PEAK)
+    bank = (_SplitScores if own_informative else TaskBank)(cfg.tasks, default_seed=0)
+    seen: list[list[RolloutGroup]] = []
+
+    def exchange(_round: int, local: list[RolloutGroup]) -> list[RolloutGroup]:
+        seen.append(local)
+        return [_crafted_peer_group(policy, local, payload_len)]
+
+    ctx = RoundContext(
+        cfg=cfg,
+        policy=policy,
+        bank=bank,
+        sampler=HFSampler(policy.model, policy.tokenizer),
+        trainer=Trainer(policy.model, policy.tokenizer.pad_token_id, cfg.train, offpolicy=cfg.offpolicy),
+        peer_id="me",
+        exchange=exchange,
+    )
+    record = run_round(ctx, 1)
+    assert all(g.informative == own_informative for g in seen[0])
+    return record.train.peer_gated_frac
+
+
+@pytest.mark.parametrize("payload_len", [1, 3])
+def test_a_round_without_an_informative_own_group_gates_a_payload_as_one_with_them(payload_len):
+    """Zero-advantage groups never train, but they are this node's own text all the same: the floors come
+    from every own completion of the round, so a round whose own groups all scored alike (a random model
+    earns nothing; a trained one solves everything) judges peer text as strictly as any other."""
+    assert OffPolicyConfig().peer_defence == "span_multiscale"
+    reference = _gated_in_a_round(own_informative=True, payload_len=payload_len)
+    assert reference > 0.0  # the payload is gated where own groups train
+    assert _gated_in_a_round(own_informative=False, payload_len=payload_len) == pytest.approx(reference)
+
+
+def test_a_step_without_own_windows_gates_with_the_last_floors_measured():
+    """A size with no own window this step (no own completion, or none that long) takes the floor last
+    measured at that size; only a node that never had an own window falls back to FLOOR_WITHOUT_OWN, at
+    SPAN_WINDOW alone."""
+    windows = peer_defence.SPAN_WINDOWS["span_multiscale"]
+    own = torch.full((4, 40), -1.0)
+    own[:, ::10] = -3.0
+    crafted = torch.full((1, 40), -1.0)
+    crafted[0, 20] = -9.0  # one odd token: only the short windows see it
+    mask = torch.ones(1, 40, dtype=torch.bool)
+
+    with_own = SpanGate(windows)
+    with_own.keep(own, torch.ones_like(own, dtype=torch.bool), trusted=True)
+    gated = int((~with_own.keep(crafted, mask, trusted=False)).sum())
+    assert gated >= 1 and set(with_own.measured()) == set(windows)
+
+    carried = SpanGate(windows, carried=with_own.measured())
+    assert int((~carried.keep(crafted, mask, trusted=False)).sum()) == gated
+    assert carried.floors == with_own.floors and carried.measured() == {}  # nothing new to carry
+
+    never = SpanGate(windows)
+    assert int((~never.keep(crafted, mask, trusted=False)).sum()) == 0
+    assert never.floors == {
+        1: None,
+        2: None,
+        4: None,
+        peer_defence.SPAN_WINDOW: peer_defence.FLOOR_WITHOUT_OWN,
+    }
+
+
+def test_the_trainer_reads_floor_only_text_when_peers_are_there_and_carries_its_floors_on(world):
+    """Floor-only own text sets the floors as if it trained, but is read only when there is peer text to
+    judge; each step's floors are kept for a step without own text."""
+    _, own, honest, _, _ = world
+    untrained = [replace(s, advantage=0.0) for s in own[2:]]
+
+    def floors(sequences, floor_only=()) -> dict[int, float]:
+        policy = _peaked_policy()  # the same starting weights every time
+        trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)
+        trainer.step(sequences, floor_only=floor_only)
+        return trainer.span_floors
+
+    all_own = floors([*own, honest])
+    assert set(all_own) == set(peer_defence.SPAN_WINDOWS["span_multiscale"])
+    assert floors([*own[:2], honest], untrained) == pytest.approx(all_own)
+    assert floors(own[:2], untrained) == floors(own[:2]) != pytest.approx(all_own)  # no peer: no pass
+
+    policy = _peaked_policy()
+    trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)
+    trainer.span_floors = {1: 0.0}  # as if measured: every log-prob is below 0, so it gates every token
+    assert trainer.step([honest]).peer_gated_frac == 1.0
