@@ -100,3 +100,51 @@ def test_the_readme_export_folder_is_ignored_by_git():
     if done.returncode == 128:
         pytest.skip("not a git checkout")
     assert done.returncode == 0, "hf/ is not in .gitignore"
+
+
+# every port a deploy file publishes, except libp2p's, is published on loopback only: /metrics, /health,
+# the status page, Prometheus and Grafana (admin/admin at first) tell a stranger the node's peers, versions
+# and health, and the status page's HTML is written for its owner's browser
+PUBLIC_PORTS = {31337}  # libp2p: peers must reach it
+LOOPBACK = ("127.0.0.1", "[::1]")
+PUBLISH_FLAG = re.compile(r"(?<!\S)(?:-p|--publish)[ =]([\w.:\[\]]*\d(?:/(?:tcp|udp))?)(?![^\s`\"'])")
+DEPLOY_TEXTS = [
+    *sorted((REPO / "docker").glob("Dockerfile.*")),
+    REPO / "docker" / "swarmnode-bootstrap.service",
+    REPO / "README.md",
+    REPO / "docs" / "operators.md",
+]
+
+
+def _compose_ports() -> list[tuple[str, str]]:
+    """(service, published port) of every ``ports`` entry in the compose file, long syntax as host_ip:
+    published:target."""
+    out = []
+    for name, service in yaml.safe_load(COMPOSE.read_text())["services"].items():
+        for entry in service.get("ports", []):
+            if isinstance(entry, dict):
+                entry = f"{entry.get('host_ip', '')}:{entry.get('published', '')}:{entry['target']}"
+            out.append((name, str(entry)))
+    return out
+
+
+def _exposed(spec: str) -> bool:
+    """Whether a docker port spec ([ip:]host:container[/proto], or a bare port) listens beyond loopback."""
+    port = spec.split("/")[0].rsplit(":", 1)[-1]
+    if port.isdigit() and int(port) in PUBLIC_PORTS:
+        return False
+    return not spec.startswith(tuple(ip + ":" for ip in LOOPBACK))
+
+
+def test_no_deploy_file_publishes_a_metrics_status_or_dashboard_port_on_every_interface():
+    exposed = [f"compose {service}: {spec}" for service, spec in _compose_ports() if _exposed(spec)]
+    found = []
+    for path in DEPLOY_TEXTS:
+        for spec in PUBLISH_FLAG.findall(path.read_text()):
+            found.append(spec)
+            if _exposed(spec):
+                exposed.append(f"{path.relative_to(REPO)}: -p {spec}")
+    assert {"31337:31337", "127.0.0.1:9401:9401"} <= set(found), found  # the scan sees the bootstrap's line
+    assert not exposed, "published on every interface (use 127.0.0.1:PORT:PORT): " + "; ".join(exposed)
+    assert _exposed("9400:9400") and _exposed("0.0.0.0:9400:9400") and not _exposed("127.0.0.1:9400:9400")
+    assert not _exposed("31337:31337")
