@@ -2,27 +2,31 @@
 
 A ``PeerBook`` remembers, for each peer id it has had to judge:
 
-- **strikes and bans**: a strike costs reputation; ``strike_limit`` strikes ban the peer (and reset its
-  strikes). Forgery-class offences and floods ban at once (``IMMEDIATE_BAN_REASONS``). The n-th ban of a
-  peer lasts ``ban_base_s * ban_factor**(n - 1)`` seconds, capped at ``ban_max_s`` (60, 120, 240, ...
-  up to an hour with the defaults), so a repeat offender stays out longer each time while an honest
-  peer that tripped once is back within a minute.
+- **strikes and bans**: a strike costs reputation and score; ``strike_limit`` strikes ban the peer (and
+  reset its strikes). Forgery-class offences and floods ban at once (``IMMEDIATE_BAN_REASONS``). The n-th
+  ban of a peer lasts ``ban_base_s * ban_factor**(n - 1)`` seconds, capped at ``ban_max_s`` (60, 120,
+  240, ... up to an hour with the defaults), so a repeat offender stays out longer each time while an
+  honest peer that tripped once is back within a minute.
 - **rate limits**: two token buckets per peer, one counting batches and one counting bytes, refilled
   continuously; ``allow`` spends from both or from neither.
 - **sequence numbers**: the highest ``seq`` accepted per (peer, message type) and when it was signed, so
   a reused seq is a ``replay``, while the same record read twice, or an older one read after a newer
   one (a lagging DHT replica), is harmless and ignored.
-- **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups and falls
-  with every strike. Only ``reputation()`` and ``snapshot()`` read it: peer choice, bans, status and
-  metrics do not use it (bans come from strikes).
-- **standing**: a peer has it once this node accepted a verified group of it and while it is not banned
-  (``has_standing``). Identities are cheap, standing is not: the exchange gives peers without it one
-  bounded probation share of its roster, pulls, scoring CPU and waiting (exchange/standing.py).
+- **reputation**: a float in [-1, 1], starting at 0, that rises slowly with accepted groups (``reward``)
+  and falls with every strike. It confers no standing (that comes from the score). Read by ``snapshot``
+  and by the serving slots (``Swarm.start``).
+- **score and standing**: a measured, decaying score of what this node observed of the peer: credit for
+  its groups this node trained on (``credit_trained``), penalties for failed pulls (``penalise``) and
+  strikes, a colocation penalty by origin (``note_origin``), decay per round of this node (``tick_round``)
+  and per second, zero after a ban. ``has_standing``, ``is_graylisted``, ``score`` and ``ranked`` read
+  it; how standing is earned and lost, the thresholds and what they cost an attacker: exchange/standing.py.
 
-Memory is bounded: at most ``max_peers`` peers are tracked; the least recently seen peer that is not
-banned and has no standing makes room for a new one (so a flood of fresh identities cannot push out
-the peers that delivered). Lookups (``is_banned``) never create an entry, so probing with made-up
-peer ids costs nothing. The clock is monotonic; every method is safe to call from several threads.
+Memory is bounded: at most ``max_peers`` peers are tracked; to make room for a new one the least recently
+seen peer that is not banned and has no positive score is forgotten, failing that the one with the lowest
+score (so a flood of fresh identities cannot push out the peers this node trained on), never by anything a
+peer claims. Lookups (``is_banned``, ``score``, ``has_standing``, ``ranked``) never create an entry, so
+probing with made-up peer ids costs nothing. The clock is monotonic and injectable; every method is safe
+to call from several threads.
 
 Who gets charged is the caller's decision (``exchange.verify``): only the peer that signed a message or
 sent it over its own authenticated stream, never an id merely named in the bytes.
@@ -35,10 +39,19 @@ import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from swarmnode.swarm.exchange.standing import (
+    COLOCATION_THRESHOLD,
+    GRAYLIST_SCORE,
+    PENALTIES,
+    STANDING_SCORE,
+    STRIKE_PENALTY,
+    PeerScore,
+    Scores,
+)
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -85,12 +98,13 @@ class _Peer:
     banned_until: float = -math.inf
     last_reason: str = ""
     accepted_groups: int = 0
+    score: PeerScore = field(default_factory=PeerScore)
     # type -> (highest seq, its timestamp, recent digests)
     seqs: dict[str, tuple[int, float, deque[bytes]]] = field(default_factory=dict)
 
 
 class PeerBook:
-    """Strikes, bans, rate limits, sequence numbers and reputation per peer id (see the module doc)."""
+    """Strikes, bans, rate limits, sequence numbers, reputation and the score per peer id (module doc)."""
 
     def __init__(
         self,
@@ -104,9 +118,12 @@ class PeerBook:
         byte_rate_per_min: float = 16 * MiB,
         burst: int = 16,
         max_peers: int = 4096,
+        colocation_threshold: int = COLOCATION_THRESHOLD,
     ) -> None:
         """``burst`` batches may arrive back to back; the byte bucket holds the same burst's worth of
-        bytes at the average allowed batch size, and never less than one maximum-size batch."""
+        bytes at the average allowed batch size, and never less than one maximum-size batch.
+        ``colocation_threshold``: identities with a positive score one origin may hold without penalty
+        (raise it for a lab cluster whose nodes share one network)."""
         checks = {
             "ban_base_s": ban_base_s > 0,
             "ban_factor": ban_factor >= 1,
@@ -129,6 +146,7 @@ class PeerBook:
         self._batch_rate = batch_rate_per_min / 60.0
         self._byte_capacity = max(float(MAX_FRAME_BYTES), byte_rate_per_min * burst / batch_rate_per_min)
         self._byte_rate = byte_rate_per_min / 60.0
+        self._scores = Scores(clock(), colocation_threshold)
         self._peers: OrderedDict[str, _Peer] = OrderedDict()  # least recently seen first
         self._lock = threading.RLock()
 
@@ -150,6 +168,7 @@ class PeerBook:
                 duration = self.ban_max_s
             peer.banned_until = now + duration
             peer.strikes = 0.0
+            self._scores.reset(peer_id, peer.score, now)  # from zero: no standing until trained on again
             peer.last_reason = reason
             peer.reputation = max(REPUTATION_MIN, peer.reputation - REPUTATION_PER_STRIKE)
             log.warning(
@@ -180,6 +199,8 @@ class PeerBook:
             peer = self._touch(peer_id, now)
             peer.last_reason = reason
             peer.reputation = max(REPUTATION_MIN, peer.reputation - REPUTATION_PER_STRIKE * weight)
+            if now >= peer.banned_until:  # while banned its score stays zero
+                self._scores.charge(peer_id, peer.score, STRIKE_PENALTY * weight, now)
             if reason in IMMEDIATE_BAN_REASONS:
                 self.ban(peer_id, reason)
             else:
@@ -189,17 +210,87 @@ class PeerBook:
             return now < peer.banned_until
 
     def reward(self, peer_id: str, n_groups: int = 1) -> None:
-        """Credit ``peer_id`` for ``n_groups`` verified, accepted groups."""
+        """Count ``n_groups`` verified, accepted groups of ``peer_id`` (reputation; no standing: only groups
+        trained on earn that, ``credit_trained``)."""
         with self._lock:
             peer = self._touch(peer_id, self.clock())
             peer.accepted_groups += n_groups
             peer.reputation = min(REPUTATION_MAX, peer.reputation + REPUTATION_PER_GROUP * n_groups)
 
-    def has_standing(self, peer_id: str) -> bool:
-        """Whether ``peer_id`` delivered verified groups here and is not banned now."""
+    # --- score and standing (exchange/standing.py) -----------------------------------------------
+    def credit_trained(self, peer_id: str, n_groups: int = 1) -> None:
+        """Credit ``peer_id`` for ``n_groups`` of its groups this node trained on that carried signal
+        (nonzero advantage after its own scoring and peer defence), up to ``standing.SCORE_CAP``. Called by
+        the round after its step, with at most J groups a round in all (``standing.standing_bound`` relies
+        on it). Nothing
+        while the peer is banned."""
+        if n_groups <= 0:
+            return
         with self._lock:
+            now = self.clock()
+            peer = self._touch(peer_id, now)
+            if now >= peer.banned_until:
+                self._scores.credit(peer_id, peer.score, n_groups, now)
+
+    def penalise(self, peer_id: str, reason: str) -> None:
+        """Charge ``peer_id`` ``PENALTIES[reason]`` of score: "pull_timeout", "pull_failed" or
+        "served_other_bytes" (``strike`` charges STRIKE_PENALTY itself). Nothing while the peer is banned:
+        it starts from zero after its ban."""
+        if reason not in PENALTIES:
+            raise ValueError(f"PeerBook.penalise: unknown reason {reason!r}; known: {sorted(PENALTIES)}")
+        with self._lock:
+            now = self.clock()
+            peer = self._touch(peer_id, now)
+            if now >= peer.banned_until:
+                self._scores.charge(peer_id, peer.score, PENALTIES[reason], now)
+
+    def note_origin(self, peer_id: str, origin: str | None) -> None:
+        """``peer_id`` was seen from ``origin`` (net/origins.py ``origin_of``), for the colocation penalty.
+        None (loopback while exempt, relayed, not IP) says nothing and keeps a known origin."""
+        if origin is None:
+            return
+        with self._lock:
+            now = self.clock()
+            self._scores.set_origin(peer_id, self._touch(peer_id, now).score, origin, now)
+
+    def tick_round(self) -> None:
+        """One round of this node has passed (call once a round): every score decays by
+        2 ** (-1 / SCORE_HALF_LIFE_ROUNDS)."""
+        with self._lock:
+            self._scores.tick_round(self.clock())
+
+    def score(self, peer_id: str) -> float:
+        """``peer_id``'s score now (exchange/standing.py); 0.0 for a peer not tracked."""
+        with self._lock:
+            return self._score(peer_id, self.clock())
+
+    def has_standing(self, peer_id: str) -> bool:
+        """Whether ``peer_id``'s score is at least STANDING_SCORE and it is not banned now."""
+        with self._lock:
+            now = self.clock()
             peer = self._peers.get(peer_id)
-            return peer is not None and peer.accepted_groups > 0 and self.clock() >= peer.banned_until
+            if peer is None or now < peer.banned_until:
+                return False
+            return self._score(peer_id, now) >= STANDING_SCORE
+
+    def is_graylisted(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is banned or scores below GRAYLIST_SCORE: it gets no probation share either
+        (roster card, pending batch, pull, scoring CPU), like a banned peer."""
+        with self._lock:
+            now = self.clock()
+            peer = self._peers.get(peer_id)
+            if peer is None:
+                return False
+            return now < peer.banned_until or self._score(peer_id, now) < GRAYLIST_SCORE
+
+    def ranked(self, peer_ids: Iterable[str]) -> list[str]:
+        """``peer_ids`` highest score first; equal scores keep the order given (the caller's own order,
+        e.g. freshest first), so nothing a peer signs about itself decides."""
+        with self._lock:
+            now = self.clock()
+            peer_ids = list(peer_ids)
+            scores = {peer_id: self._score(peer_id, now) for peer_id in peer_ids}
+            return sorted(peer_ids, key=lambda peer_id: -scores[peer_id])
 
     def reputation(self, peer_id: str) -> float:
         with self._lock:
@@ -267,6 +358,7 @@ class PeerBook:
                     "banned_for_s": max(0.0, p.banned_until - now),
                     "last_reason": p.last_reason,
                     "accepted_groups": p.accepted_groups,
+                    "score": self._score(peer_id, now),
                 }
                 for peer_id, p in self._peers.items()
             }
@@ -294,6 +386,7 @@ class PeerBook:
                 batches=_Bucket(self._batch_capacity, self._batch_rate, self._batch_capacity, now),
                 bytes=_Bucket(self._byte_capacity, self._byte_rate, self._byte_capacity, now),
                 last_seen=now,
+                score=self._scores.new(now),
             )
             self._peers[peer_id] = peer
         else:
@@ -302,12 +395,21 @@ class PeerBook:
         return peer
 
     def _evict(self, now: float) -> None:
-        """Forget the least recently seen peer that is neither banned nor in standing; failing that the
-        least recently seen one not banned; if all are banned, the earliest to expire."""
-        peers = self._peers.items()
-        victim = next((pid for pid, p in peers if now >= p.banned_until and not p.accepted_groups), None)
-        if victim is None:
-            victim = next((pid for pid, p in peers if now >= p.banned_until), None)
+        """Forget the least recently seen peer that is not banned and has no positive score; failing that
+        the one not banned with the lowest score (the least recently seen of equals); if all are banned,
+        the earliest to expire."""
+
+        def unbanned() -> Iterator[str]:  # least recently seen first
+            return (pid for pid, p in self._peers.items() if now >= p.banned_until)
+
+        victim = next((pid for pid in unbanned() if self._score(pid, now) <= 0.0), None)
+        if victim is None:  # every peer not banned has a positive score
+            victim = min(unbanned(), key=lambda pid: self._score(pid, now), default=None)
         if victim is None:
             victim = min(self._peers, key=lambda pid: self._peers[pid].banned_until)
+        self._scores.forget(victim)
         del self._peers[victim]
+
+    def _score(self, peer_id: str, now: float) -> float:
+        peer = self._peers.get(peer_id)
+        return 0.0 if peer is None else self._scores.value(peer_id, peer.score, now)

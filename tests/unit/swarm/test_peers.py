@@ -1,4 +1,5 @@
-"""PeerBook: growing bans, strikes, token buckets, sequence numbers, reputation, bounded memory."""
+"""PeerBook: growing bans, strikes, token buckets, sequence numbers, reputation, bounded memory (the
+score behind standing: test_standing_score.py)."""
 
 from __future__ import annotations
 
@@ -157,11 +158,11 @@ def test_memory_cap_evicts_least_recently_seen_unbanned_peer(clock: FakeClock) -
 
 
 def test_a_flood_of_fresh_identities_does_not_evict_peers_with_standing(clock: FakeClock) -> None:
-    """At the default cap: 4,096 fresh identities touched after an honest peer delivered (each a
-    rate-limit check, as a notice or batch from a Sybil costs) leave the honest peer's record, and so
-    its standing; before, the least recently seen peer went first, whoever it was."""
+    """At the default cap: 4,096 fresh identities touched after this node trained on an honest peer
+    (each a rate-limit check, as a notice or batch from a Sybil costs) leave the honest peer's record, and
+    so its standing; before, the least recently seen peer went first, whoever it was."""
     book = PeerBook(clock)
-    book.reward("honest", 4)
+    book.credit_trained("honest", 4)
     for i in range(book.max_peers * 2):
         clock.t += 0.001
         book.allow(f"sybil-{i}", 1024)
