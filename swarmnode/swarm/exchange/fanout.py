@@ -7,17 +7,22 @@ average but 4 or fewer in some rounds, and the rest of its budget then goes to b
 measured at 16 nodes, the batches nodes trained on reached them 5.3 s after publishing at p95, with 32%
 found by the poll (docs/scaling.md).
 
-So the targets are a circulant graph: the peers with standing and this node, sorted by peer id, form a
-ring; this node notifies the peers at NOTICE_FANOUT distinct offsets after it, the offsets rotating once
-every NOTICE_ROTATION_S of wall-clock time (clocks agree within seconds: PROTOCOL.md, lifetimes). Every
-node that sees the same ring then receives exactly NOTICE_FANOUT notices per publish wave, from a set of
-publishers that changes every rotation (experience mixes across the swarm). Peers without standing are
-not on the ring (an identity costs its proof of work, not its place in others' pushes); they fill the
+So the targets are a circulant graph: the peers with standing and this node form a ring; this node
+notifies the NOTICE_FANOUT peers after it. Every node that sees the same ring then receives exactly
+NOTICE_FANOUT notices per publish wave. The ring's order is ``ring_position``, a hash of (peer id, epoch),
+the epoch being the wall-clock minute (NOTICE_ROTATION_S; clocks agree within seconds: PROTOCOL.md,
+lifetimes): each minute the ring is a new random order, so the publishers a node hears from change every
+minute (experience mixes across the swarm), and no peer id can be chosen for a lasting place: on a ring
+by raw peer id, keys made to sort just below a victim are its only senders whenever the offsets reach
+them. Keys ground against the hash hold their places for the one minute ground against; each minute needs
+keys of its own, each with its identity work and standing (docs/reliability.md). Peers without standing
+are not on the ring (an identity costs its proof of work, not its place in others' pushes); they fill the
 targets only while fewer peers with standing are known, in a new random order each time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 
@@ -25,7 +30,16 @@ import time
 # spare, since nodes' rings differ while standing spreads: at 16 nodes on loopback, the batches nodes
 # trained on reached them in 2.46 s at p95 with 8, 1.46 s with 10 (docs/scaling.md)
 NOTICE_FANOUT = 10
-NOTICE_ROTATION_S = 60.0  # the ring's offsets move on this often
+NOTICE_ROTATION_S = 60.0  # the ring's order changes this often (its epoch)
+RING_DOMAIN = b"swarmnode notice ring v1"
+
+
+def ring_position(peer_id: str, epoch: int) -> bytes:
+    """Where ``peer_id`` sits on the ring in ``epoch``: sha256(RING_DOMAIN || epoch as 8 bytes big-endian ||
+    peer id in UTF-8). A new independent order every epoch: a key's place in one tells nothing of the next."""
+    return hashlib.sha256(
+        RING_DOMAIN + epoch.to_bytes(8, "big", signed=True) + peer_id.encode("utf-8", "surrogatepass")
+    ).digest()
 
 
 def notice_targets(
@@ -35,13 +49,14 @@ def notice_targets(
     count: int = NOTICE_FANOUT,
     now: float | None = None,
 ) -> list[str]:
-    """``count`` peers to notify: on the ring of ``standing`` peers and ``own`` (module docstring), then
-    ``others`` (peers without standing) at random while the ring has fewer."""
-    ring = sorted({*standing, own})
-    n = len(ring)
+    """``count`` peers to notify: the next ones after ``own`` on this epoch's ring of ``standing`` peers and
+    ``own`` (module docstring), then ``others`` (peers without standing) at random while the ring has
+    fewer."""
     epoch = int((time.time() if now is None else now) // NOTICE_ROTATION_S)
+    ring = sorted({*standing, own}, key=lambda peer: (ring_position(peer, epoch), peer))
+    n = len(ring)
     position = ring.index(own)
-    targets = [ring[(position + 1 + (epoch + j) % (n - 1)) % n] for j in range(min(count, n - 1))]
+    targets = [ring[(position + j) % n] for j in range(1, min(count, n - 1) + 1)]
     rest = [peer for peer in others if peer != own]
     random.shuffle(rest)
     return targets + rest[: count - len(targets)]
