@@ -33,6 +33,7 @@ WORK_BITS = 16  # the identity proof in the vectors (a swarm sets its own d: PRO
 
 A = Identity.from_seed(SEED_A)
 B = Identity.from_seed(SEED_B)
+NONCE = work.mint(A.public_key, WORK_BITS)  # A's identity proof (identity_work_valid)
 
 
 # --- messages ------------------------------------------------------------------------------------
@@ -98,8 +99,10 @@ def rollout_batch(*, logprobs: bool, n_groups: int = 2, **changes: Any) -> proto
     return protocol.RolloutBatch(**{**fields, **changes})
 
 
-def announcement(batch_bytes: bytes, batch: protocol.RolloutBatch) -> protocol.BatchAnnouncement:
-    return protocol.announcement_for(batch, batch_bytes, timestamp=TIMESTAMP, seq=1002)
+def announcement(
+    batch_bytes: bytes, batch: protocol.RolloutBatch, work_nonce: bytes = b""
+) -> protocol.BatchAnnouncement:
+    return protocol.announcement_for(batch, batch_bytes, timestamp=TIMESTAMP, seq=1002, work_nonce=work_nonce)
 
 
 def sign_raw(
@@ -282,8 +285,64 @@ def work_vectors() -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def stored_work(
+    name: str, description: str, key: str, subkey: str, value: bytes, bits: int, *, home: bool
+) -> dict[str, Any]:
+    """How a storing node that asks ``bits`` of identity work ranks a record it keeps (PROTOCOL.md section 8,
+    "Identity work where records are stored"): ``work_bits`` is what the record's signer proves, ``verdict``
+    ``with_work``, ``without_work`` or ``no_identity_work`` (refused), for a node holding no card of the
+    signer; ``home``: the record's swarm is the node's own."""
+    stored = msgpack.packb(value, use_bin_type=True)
+    assert (
+        dht.check_record(dht.key_id(key), msgpack.packb(subkey), stored, TIMESTAMP + 60.0, TIMESTAMP) is None
+    )
+    read = dht.record_work(stored)
+    return {
+        "name": name,
+        "description": description,
+        "kind": "dht_work",
+        "key": key,
+        "subkey": subkey,
+        "hex": value.hex(),
+        "bits": bits,
+        "home": home,
+        "work_bits": read.work_bits,
+        "verdict": dht.work_verdict(read, bits, home=home),
+    }
+
+
+def stored_work_vectors() -> list[dict[str, Any]]:
+    batch = rollout_batch(logprobs=False, n_groups=1)
+    batch_bytes = codec.encode_message(A, SWARM, batch)
+    card = codec.encode_message(A, SWARM, roster_card(work_nonce=NONCE))
+    bare_card = codec.encode_message(A, SWARM, roster_card())
+    ann = codec.encode_message(A, SWARM, announcement(batch_bytes, batch, work_nonce=NONCE))
+    bare_ann = codec.encode_message(A, SWARM, announcement(batch_bytes, batch))
+    roster, announce = dht.roster_key(SWARM, A.peer_id), dht.announce_key(SWARM, A.peer_id)
+    zeros = work.leading_zero_bits(work.work_digest(A.public_key, NONCE))
+    return [
+        stored_work("stored_work_card", f"A's card with its proof, at a node of its swarm asking d = "
+                    f"{WORK_BITS}.", roster, A.peer_id, card, WORK_BITS, home=True),
+        stored_work("stored_work_card_too_few_bits", "The same card at a node of its swarm asking one bit "
+                    "more than it proves: refused.", roster, A.peer_id, card, zeros + 1, home=True),
+        stored_work("stored_work_card_without_nonce", "A's card without a proof, at a node of its swarm: "
+                    "refused (every reader of the swarm refuses it).", roster, A.peer_id, bare_card,
+                    WORK_BITS, home=True),
+        stored_work("stored_work_card_of_another_swarm", "The same card without a proof, at a node of "
+                    "another swarm: kept, ranked without work.", roster, A.peer_id, bare_card, WORK_BITS,
+                    home=False),
+        stored_work("stored_work_announcement", "A's announcement carrying its proof: with work wherever "
+                    "it is stored.", announce, A.peer_id, ann, WORK_BITS, home=True),
+        stored_work("stored_work_announcement_without_nonce", "A's announcement without a proof: without "
+                    "work, unless the storing node holds A's card with work.", announce, A.peer_id,
+                    bare_ann, WORK_BITS, home=True),
+        stored_work("stored_work_d_0", "A's card without a proof at a node asking no work (d = 0).",
+                    roster, A.peer_id, bare_card, 0, home=True),
+    ]  # fmt: skip
+
+
 def build_vectors() -> list[dict[str, Any]]:
-    return message_vectors() + record_vectors() + work_vectors()
+    return message_vectors() + record_vectors() + work_vectors() + stored_work_vectors()
 
 
 def message_vectors() -> list[dict[str, Any]]:
@@ -408,6 +467,14 @@ def message_vectors() -> list[dict[str, Any]]:
             codec.encode_message(A, SWARM, roster_card(work_nonce=work.mint(A.public_key, WORK_BITS))),
             "accept",
             expected_type=RC,
+        ),
+        message(
+            "batch_announcement_work_nonce",
+            f"An announcement carrying its signer's identity proof (identity_work_valid, d = {WORK_BITS}) "
+            "in the optional 'work_nonce' field, as in its card: DHT storing nodes rank by it (section 8).",
+            codec.encode_message(A, SWARM, announcement(batch_bytes, batch, work_nonce=NONCE)),
+            "accept",
+            expected_type=BA,
         ),
         message(
             "roster_card_unknown_fields",
@@ -583,6 +650,13 @@ def message_vectors() -> list[dict[str, Any]]:
             sign_raw(A, RC, SWARM, with_body(card, work_nonce=bytes(7))),
             "bad_field",
             expected_type=RC,
+        ),
+        message(
+            "announcement_work_nonce_wrong_length",
+            f"An announcement with a 7-byte 'work_nonce' (must be bin({work.NONCE_BYTES})).",
+            sign_raw(A, BA, SWARM, with_body(announcement(batch_bytes, batch), work_nonce=bytes(7))),
+            "bad_field",
+            expected_type=BA,
         ),
         message(
             "integer_timestamp",

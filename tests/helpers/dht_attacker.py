@@ -38,7 +38,7 @@ from hivemind.proto import dht_pb2
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarmnode.identity import Identity
-from swarmnode.swarm.wire import codec, protocol
+from swarmnode.swarm.wire import codec, protocol, work
 
 SYBILS = 1000
 SPAM_SUBKEYS = 60
@@ -165,12 +165,25 @@ def shard_filling(tag: bytes, per_shard: int, shards: int = 8) -> list[int]:
     return chosen
 
 
-def card(identity: Identity, swarm: str, timestamp: float, pad: int = 0) -> bytes:
-    """A validly signed roster card of ``identity``, padded with ``pad`` characters of extra."""
+def card(identity: Identity, swarm: str, timestamp: float, pad: int = 0, work_bits: int = 0) -> bytes:
+    """A validly signed roster card of ``identity``, padded with ``pad`` characters of extra, carrying a
+    proof of ``work_bits`` of identity work (none at 0)."""
+    proof = {"work_nonce": work.mint(identity.public_key, work_bits)} if work_bits else {}
     body = protocol.RosterCard(
         peer_id=identity.peer_id, swarm_id=swarm, model_name="sybil", tokenizer_fingerprint="",
         policy_version=0, round=0, addrs=(), timestamp=timestamp, seq=1,
-        extra={"pad": "x" * pad} if pad else {},
+        extra={"pad": "x" * pad} if pad else {}, **proof,
+    )  # fmt: skip
+    return codec.encode_message(identity, swarm, body)
+
+
+def announcement(identity: Identity, swarm: str, timestamp: float, work_bits: int = 0) -> bytes:
+    """A validly signed announcement of ``identity`` (of a batch nobody holds), carrying a proof of
+    ``work_bits`` of identity work (none at 0)."""
+    proof = {"work_nonce": work.mint(identity.public_key, work_bits)} if work_bits else {}
+    body = protocol.BatchAnnouncement(
+        peer_id=identity.peer_id, swarm_id=swarm, round=1, policy_version=0, payload_sha256=bytes(32),
+        payload_len=100, n_groups=1, timestamp=timestamp, seq=1, **proof,
     )  # fmt: skip
     return codec.encode_message(identity, swarm, body)
 
@@ -205,11 +218,11 @@ async def store_records(_dht, node, *, records: list[tuple[str, str, bytes, floa
 
 async def store_cards(
     _dht, node, *, swarm: str, tag: bytes, indices: list[int], ahead_s: float = 0.0,
-    expiration_past_timestamp_s: float = 600.0, pad: int = 0, in_cache: bool = False,
+    expiration_past_timestamp_s: float = 600.0, pad: int = 0, in_cache: bool = False, work_bits: int = 0,
 ) -> int:  # fmt: skip
     """Inside the attacker's DHT process: a card of each ``tag`` identity in ``indices``, signed
-    ``ahead_s`` ahead of now and expiring ``expiration_past_timestamp_s`` after its timestamp, stored at
-    every server it knows (in its cache with ``in_cache``)."""
+    ``ahead_s`` ahead of now and expiring ``expiration_past_timestamp_s`` after its timestamp, with a proof
+    of ``work_bits`` (none at 0), stored at every server it knows (in its cache with ``in_cache``)."""
     timestamp = get_dht_time() + ahead_s
     records = []
     for i in indices:
@@ -219,11 +232,24 @@ async def store_cards(
             (
                 key,
                 identity.peer_id,
-                card(identity, swarm, timestamp, pad),
+                card(identity, swarm, timestamp, pad, work_bits),
                 timestamp + expiration_past_timestamp_s,
             )
         )
     return await _send(node, records, in_cache)
+
+
+async def store_announcements(_dht, node, *, swarm: str, tag: bytes, count: int) -> int:
+    """Inside the attacker's DHT process: a work-less announcement of each of ``count`` free ``tag``
+    identities (one key each), fresh and expiring when the storing rule allows, at every server it knows."""
+    timestamp = get_dht_time()
+    records = []
+    for i in range(count):
+        identity = sybil(tag, i)
+        key = keys(swarm, identity.peer_id, "announce")[1]
+        value = announcement(identity, swarm, timestamp)
+        records.append((key, identity.peer_id, value, timestamp + 450.0))
+    return await _send(node, records, in_cache=False)
 
 
 def msgpack_bomb(nbytes: int) -> bytes:

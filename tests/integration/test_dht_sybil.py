@@ -49,13 +49,19 @@ FILL_KEYS_PER_IDENTITY = 8  # 512 x 8 = 4,096 records: a storing node's whole bu
 BOMB_BYTES = 1_900_000  # what the outside attacker sent: +139 MiB RSS on hivemind's unbounded decoder
 DECODE_PEAK_BOUND_MIB = 16
 RECORD_WAIT_S = 20.0
+# the swarms' identity_work_bits: storing nodes refuse their own swarm's cards without it, and rank other
+# records by it (dht_guard), so the Sybils below mint it as a real attacker must (8 bits: instant)
+WORK_BITS = 8
 
 
 def _transport(tmp_path: Path, name: str, swarm_id: str, initial: list[str], mode: str = "public"):
     identity = Identity.generate()
     path = tmp_path / f"{name}.key"
     identity.save(path)
-    transport = Transport(path, SwarmConfig(swarm_id=swarm_id, initial_peers=initial, reachability=mode))
+    cfg = SwarmConfig(
+        swarm_id=swarm_id, initial_peers=initial, reachability=mode, identity_work_bits=WORK_BITS
+    )
+    transport = Transport(path, cfg)
     return transport, identity
 
 
@@ -100,7 +106,7 @@ def _run(attacker: hivemind.DHT, coroutine, timeout_s: float = 120.0, **kwargs):
 
 
 def _own_card(identity: Identity, swarm_id: str) -> bytes:
-    return dht_attacker.card(identity, swarm_id, time.time())
+    return dht_attacker.card(identity, swarm_id, time.time(), work_bits=WORK_BITS)
 
 
 def test_a_full_roster_read_with_its_announcement_keys_leaves_the_dht_process_alive(net):
@@ -119,6 +125,7 @@ def test_a_full_roster_read_with_its_announcement_keys_leaves_the_dht_process_al
         tag=b"roster-fill",
         indices=indices,
         pad=CARD_PAD_CHARS,
+        work_bits=WORK_BITS,
     )
     print(f"{len(indices)} Sybil cards: {stored} stores accepted in {time.monotonic() - t:.1f} s")
     assert stored >= len(indices)
@@ -200,7 +207,7 @@ def test_a_sybil_card_in_the_cache_does_not_hide_the_honest_cards_of_its_shard(n
     )
     cached = _run(
         attacker, dht_attacker.store_cards, swarm=swarm_id, tag=b"shadow", indices=[sybil], ahead_s=29.0,
-        expiration_past_timestamp_s=903.0, in_cache=True,
+        expiration_past_timestamp_s=903.0, in_cache=True, work_bits=WORK_BITS,
     )  # fmt: skip
     print(f"the Sybil card was taken into {cached} storing node(s)' cache")
 
@@ -220,7 +227,14 @@ def test_junk_swarms_filling_the_storage_budget_do_not_refuse_the_nodes_own_swar
     t = time.monotonic()
     stored = 0
     for j in range(FILL_KEYS_PER_IDENTITY):
-        stored += _run(attacker, dht_attacker.store_cards, swarm=f"junk-{j}", tag=b"fill", indices=indices)
+        stored += _run(
+            attacker,
+            dht_attacker.store_cards,
+            swarm=f"junk-{j}",
+            tag=b"fill",
+            indices=indices,
+            work_bits=WORK_BITS,
+        )  # with work: junk without it fills only a quarter of the budget (test_dht_work)
     print(f"{FILL_IDENTITIES} identities x {FILL_KEYS_PER_IDENTITY} junk keys: {stored} stores accepted "
           f"at 2 nodes in {time.monotonic() - t:.1f} s; {a.dht_stats()}")  # fmt: skip
     assert stored >= FILL_IDENTITIES * FILL_KEYS_PER_IDENTITY  # the junk fills (at least) one node's budget

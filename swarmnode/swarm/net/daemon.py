@@ -165,7 +165,9 @@ def start_dht(
         try:
             dht.wait_until_ready(timeout=start_timeout_s)
             guard_request_pipe(dht, start_timeout_s)
-            home = functools.partial(install_guard, home_swarms=(swarm.swarm_id,))
+            home = functools.partial(
+                install_guard, home_swarms=(swarm.swarm_id,), work_bits=swarm.identity_work_bits
+            )
             dht.run_coroutine(home, return_future=True).result(start_timeout_s)
         except BaseException as exc:
             stop_dht_process(dht)

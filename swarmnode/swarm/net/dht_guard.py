@@ -13,6 +13,13 @@ Imported only where a DHT starts (``daemon.start_dht``) and inside the DHT proce
   fill only that shared budget, never the node's own swarm's. A store past a bound is refused (returns
   False); updates of a record already held always go through. Memory for records is then bounded by about
   (``MAX_STORED_RECORDS`` + ``MAX_HOME_RECORDS`` per home swarm) x (``MAX_RECORD_BYTES`` + overhead).
+- Identity work, the storage's own rule (the validator's must be the same at every node; d is this node's
+  ``swarm.identity_work_bits``): a home swarm's card whose signer proves fewer than d bits is refused (the
+  swarm's readers all refuse it); a record *with work* is one whose signer proves d
+  (``dht_rules.record_work``: one hash), or an announcement whose signer's card with work is held here.
+  Records without work, of any swarm, fill at most ``MAX_WORKLESS_PER_KEY`` of a key's subkeys and
+  ``WORKLESS_SHARE`` of each budget, so free keys cannot take the room of the records with work. At d = 0
+  every record has work.
 - The node's *cache* is its storage (one object): hivemind answers a find with the cache's dictionary or
   the storage's, whichever expires later, never both, so a record a peer stored ``in_cache`` with a late
   expiration hid every record of its key in storage. Records a peer asks to cache are now stored under the
@@ -44,9 +51,14 @@ from hivemind.utils.timed_storage import get_dht_time
 from swarmnode.swarm.wire.dht_rules import (
     MAX_SUBKEYS_PER_KEY,
     MSGPACK_BIN_HEADER_BYTES,
+    NO_IDENTITY_WORK,
+    WITHOUT_WORK,
     announce_key,
     check_record,
+    record_work,
+    roster_key,
     roster_keys,
+    work_verdict,
 )
 from swarmnode.swarm.wire.limits import MAX_PEER_ID_BYTES, MAX_RECORD_BYTES, validate_swarm_id
 
@@ -55,6 +67,10 @@ logger = logging.getLogger(__name__)
 MAX_STORED_RECORDS = 4096  # records of swarms this node is not in, all together: ~32 MiB at 8 KiB each
 MAX_HOME_RECORDS = 2048  # records of each of this node's own swarms: its 512 cards and 1536 announcements
 MAX_KEYS_PER_PEER = 8  # keys one subkey (one signer) may hold records under, across swarms
+# Records without identity work take at most a quarter of each budget and of each key: the rest stays for
+# records with work (512 of a home swarm's 2 048, 1 024 of the shared 4 096, 16 of a roster shard's 64)
+WORKLESS_SHARE = 0.25
+MAX_WORKLESS_PER_KEY = int(WORKLESS_SHARE * MAX_SUBKEYS_PER_KEY)
 HEAP_SLACK = 4  # expiration-heap entries per record held before the heap is rebuilt
 SHARED = ""  # the budget of records of no home swarm
 # What hivemind may decode from a peer: at most one key's whole dictionary. Each of its records is an array
@@ -91,28 +107,33 @@ class BoundedStorage(DHTLocalStorage):
 
     ``home_swarms``: the swarms whose records get a budget of their own (``MAX_HOME_RECORDS`` each); a record
     is a home swarm's when its key is one of that swarm's roster shards, or that swarm's announcement key of
-    the record's subkey (both computed from the key and subkey alone: no value is decoded here).
+    the record's subkey (both computed from the key and subkey alone). ``work_bits``: this node's d, the
+    identity work a record's signer must prove to count as *with work* (module doc; 0: every record does).
 
     The counts are kept beside hivemind's data, so a store costs O(log n) whatever the storage holds:
-    ``_expires`` maps each (key, subkey) held to its expiration and budget, a heap of expirations forgets
-    records as hivemind does (expiration < now); the heap is rebuilt from ``_expires`` when stale entries
-    (records refreshed since) make it more than ``HEAP_SLACK`` times larger, at most once per that many
-    stores.
+    ``_expires`` maps each (key, subkey) held to its expiration, budget and work, a heap of expirations
+    forgets records as hivemind does (expiration < now); the heap is rebuilt from ``_expires`` when stale
+    entries (records refreshed since) make it more than ``HEAP_SLACK`` times larger, at most once per that
+    many stores. Reading a record's work (``dht_rules.record_work``) costs about 10 µs a store.
     """
 
-    def __init__(self, home_swarms: Iterable[str] = ()) -> None:
+    def __init__(self, home_swarms: Iterable[str] = (), work_bits: int = 0) -> None:
         super().__init__(maxsize=None)  # the budgets below are the bound, checked before hivemind stores
         self.refused = 0
+        self.refused_no_work = 0  # home swarms' cards refused for lacking identity work (also in refused)
+        self.work_bits = work_bits
         self.home_swarms = tuple(dict.fromkeys(s for s in home_swarms if _names_keys(s)))
         self._home_roster = {
             DHTID.generate(source=key): swarm for swarm in self.home_swarms for key in roster_keys(swarm)
         }
-        self._expires: dict[tuple[DHTID, Any], tuple[float, str]] = {}
+        self._expires: dict[tuple[DHTID, Any], tuple[float, str, bool]] = {}  # expiration, budget, with work
         self._heap: list[tuple[float, int, DHTID, Any]] = []
         self._tie = itertools.count()  # heap entries never compare DHTIDs with subkeys
         self._per_key: Counter[DHTID] = Counter()
         self._per_signer: Counter[Any] = Counter()
         self._per_budget: Counter[str] = Counter()
+        self._workless_per_key: Counter[DHTID] = Counter()
+        self._workless_per_budget: Counter[str] = Counter()
 
     @property
     def records(self) -> int:
@@ -120,10 +141,16 @@ class BoundedStorage(DHTLocalStorage):
         self._forget_expired()
         return len(self._expires)
 
-    def held(self, budget: str = SHARED) -> int:
-        """Records held now in one budget: a home swarm's, or the shared one (``SHARED``)."""
+    def held(self, budget: str = SHARED, *, workless: bool = False) -> int:
+        """Records held now in one budget: a home swarm's, or the shared one (``SHARED``); ``workless``: only
+        those without identity work."""
         self._forget_expired()
-        return self._per_budget[budget]
+        return (self._workless_per_budget if workless else self._per_budget)[budget]
+
+    def cap(self, budget: str, *, workless: bool = False) -> int:
+        """The most records ``budget`` holds (``workless``: of records without identity work)."""
+        cap = MAX_HOME_RECORDS if budget else MAX_STORED_RECORDS
+        return int(WORKLESS_SHARE * cap) if workless else cap
 
     def budget_of(self, key: DHTID, subkey: Any) -> str:
         """The home swarm a (key, subkey) record belongs to, or ``SHARED``."""
@@ -136,6 +163,23 @@ class BoundedStorage(DHTLocalStorage):
                     return swarm
         return SHARED
 
+    def has_work(self, subkey: Any, value: Any, budget: str) -> bool | None:
+        """Whether a record counts as with identity work here (class doc); None: refused for lacking it (a
+        home swarm's card)."""
+        if self.work_bits == 0:
+            return True
+        facts = record_work(value) if isinstance(value, bytes) and isinstance(subkey, str) else None
+        verdict = WITHOUT_WORK if facts is None else work_verdict(facts, self.work_bits, home=bool(budget))
+        if verdict != WITHOUT_WORK:
+            return None if verdict == NO_IDENTITY_WORK else True
+        if facts is None or facts.is_card:
+            return False
+        try:  # an announcement: as good as its signer's card held here
+            card = self._expires.get((DHTID.generate(source=roster_key(facts.swarm_id, subkey)), subkey))
+        except ValueError:  # a swarm id that names no keys: the validator lets none through
+            return False
+        return card is not None and card[2]
+
     def _forget_expired(self) -> None:
         now = get_dht_time()
         while self._heap and self._heap[0][0] < now:
@@ -143,42 +187,57 @@ class BoundedStorage(DHTLocalStorage):
             held = self._expires.get((key, subkey))
             if held is not None and held[0] == expiration:
                 del self._expires[key, subkey]
-                for counter, name in (
-                    (self._per_key, key),
-                    (self._per_signer, subkey),
-                    (self._per_budget, held[1]),
-                ):
-                    counter[name] -= 1
-                    if counter[name] <= 0:
-                        del counter[name]
+                self._count(key, subkey, held[1], held[2], -1)
 
-    def _note(self, key: DHTID, subkey: Any, expiration_time: float, budget: str) -> None:
+    def _count(self, key: DHTID, subkey: Any, budget: str, worked: bool, step: int) -> None:
+        counters = [(self._per_key, key), (self._per_signer, subkey), (self._per_budget, budget)]
+        if not worked:
+            counters += [(self._workless_per_key, key), (self._workless_per_budget, budget)]
+        for counter, name in counters:
+            counter[name] += step
+            if counter[name] <= 0:
+                del counter[name]
+
+    def _note(self, key: DHTID, subkey: Any, expiration_time: float, budget: str, worked: bool) -> None:
         held = self._expires.get((key, subkey))
-        if held is None:
-            self._per_key[key] += 1
-            self._per_signer[subkey] += 1
-            self._per_budget[budget] += 1
-        self._expires[key, subkey] = (max(expiration_time, held[0]) if held else expiration_time, budget)
+        if held is not None:
+            self._count(key, subkey, budget, held[2], -1)
+        self._count(key, subkey, budget, worked, +1)
+        expiration = max(expiration_time, held[0]) if held else expiration_time
+        self._expires[key, subkey] = (expiration, budget, worked)
         heapq.heappush(self._heap, (expiration_time, next(self._tie), key, subkey))
         if len(self._heap) > HEAP_SLACK * max(len(self._expires), MAX_SUBKEYS_PER_KEY):
-            self._heap = [(exp, next(self._tie), k, s) for (k, s), (exp, _) in self._expires.items()]
+            self._heap = [(exp, next(self._tie), k, s) for (k, s), (exp, _, _) in self._expires.items()]
             heapq.heapify(self._heap)
 
     def store_subkey(self, key: DHTID, subkey: Any, value: bytes, expiration_time: float) -> bool:
         self._forget_expired()
         held = self._expires.get((key, subkey))
         budget = held[1] if held is not None else self.budget_of(key, subkey)
-        if held is None and (
-            self._per_signer[subkey] >= MAX_KEYS_PER_PEER
-            or self._per_key[key] >= MAX_SUBKEYS_PER_KEY
-            or self._per_budget[budget] >= (MAX_HOME_RECORDS if budget else MAX_STORED_RECORDS)
-        ):
+        worked = self.has_work(subkey, value, budget)
+        if worked is None:
+            self.refused_no_work += 1
+        if worked is None or not self._room(key, subkey, budget, worked, held):
             self.refused += 1
             return False
         stored = super().store_subkey(key, subkey, value, expiration_time)
         if stored:
-            self._note(key, subkey, expiration_time, budget)
+            self._note(key, subkey, expiration_time, budget, worked)
         return stored
+
+    def _room(self, key: DHTID, subkey: Any, budget: str, worked: bool, held: tuple | None) -> bool:
+        """Whether a record fits its bounds: always, for an update that keeps its work; one without work
+        (new, or an update that lost it) also within the work-less bounds."""
+        if held is None and (
+            self._per_signer[subkey] >= MAX_KEYS_PER_PEER
+            or self._per_key[key] >= MAX_SUBKEYS_PER_KEY
+            or self._per_budget[budget] >= self.cap(budget)
+        ):
+            return False
+        if worked or (held is not None and not held[2]):
+            return True
+        key_room = self._workless_per_key[key] < MAX_WORKLESS_PER_KEY
+        return key_room and self._workless_per_budget[budget] < self.cap(budget, workless=True)
 
     def store(self, key: DHTID, value: Any, expiration_time: float, subkey: Any = None) -> bool:
         if subkey is not None:
@@ -290,10 +349,11 @@ def _skip(buf: memoryview, pos: int, length: int) -> int:
     return pos + length
 
 
-async def install_guard(_dht: Any, node: Any, *, home_swarms: Iterable[str] = ()) -> None:
-    """Runs inside the DHT process: one BoundedStorage (``home_swarms`` get budgets of their own) as both the
-    node's storage and its cache, holding what the two held, and the bounded decoder (module doc)."""
-    storage = BoundedStorage(home_swarms)
+async def install_guard(_dht: Any, node: Any, *, home_swarms: Iterable[str] = (), work_bits: int = 0) -> None:
+    """Runs inside the DHT process: one BoundedStorage (``home_swarms`` get budgets of their own, records are
+    ranked by ``work_bits`` of identity work: the swarm's ``identity_work_bits``) as both the node's storage
+    and its cache, holding what the two held, and the bounded decoder (module doc)."""
+    storage = BoundedStorage(home_swarms, work_bits)
     for name in ("storage", "cache"):
         for key, item in list(getattr(node.protocol, name).items()):
             if isinstance(item.value, DictionaryDHTValue):
@@ -312,4 +372,5 @@ async def guard_stats(_dht: Any, node: Any) -> dict[str, int]:
             stats.update({f"record_refused_{k}": v for k, v in inner.rejected.items()})
     storages = {id(s): s for s in (node.protocol.storage, node.protocol.cache)}.values()  # one, since #26
     stats["storage_refused"] = sum(s.refused for s in storages)
+    stats["storage_refused_no_work"] = sum(getattr(s, "refused_no_work", 0) for s in storages)
     return stats

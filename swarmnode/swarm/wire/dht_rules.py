@@ -20,12 +20,18 @@ each one a lookup brings back. A record is kept only when (PROTOCOL.md section 8
    expiration wins, a peer's newest record always outlives its older ones: a replay cannot win.
 
 hivemind compares keys by their DHT id (sha1 of the msgpack-encoded key string: ``key_id``), so that is
-what the rule compares. Pure: no hivemind import; the test vectors in ``protocol/vectors`` check it.
+what the rule compares. The rule is the same at every node, whatever its swarm: a reader drops a whole
+dictionary when one of its subkeys fails the rule, so a record one node keeps must pass at every other.
+
+Identity work is a storing node's own admission rule on top (``swarm.net.dht_guard``), since d is a swarm
+setting: ``record_work`` reads what a kept record's signer proves (one hash), and the node ranks records by
+it against its own d. Pure: no hivemind import; the test vectors in ``protocol/vectors`` check both.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import msgpack
 
@@ -34,10 +40,13 @@ from swarmnode.swarm.wire.limits import (
     MAX_CLOCK_SKEW_S,
     MAX_PEER_ID_BYTES,
     MAX_RECORD_BYTES,
+    ROSTER_CARD,
+    WORK_NONCE_FIELD,
     ProtocolError,
     validate_swarm_id,
 )
 from swarmnode.swarm.wire.protocol import BatchAnnouncement, RosterCard
+from swarmnode.swarm.wire.work import NONCE_BYTES, PUBLIC_KEY_BYTES, leading_zero_bits, work_digest
 
 # DHT layout and record limits (PROTOCOL.md section 8)
 MAX_RECORD_TTL_S = 900.0  # a card expires <= its signed timestamp + this + RECORD_CLOCK_TOLERANCE_S
@@ -55,6 +64,8 @@ MSGPACK_BIN_HEADER_BYTES = 5  # hivemind stores our value msgpack-encoded: bin 3
 # hivemind's reserved subkeys: a plain value (msgpack nil) and a whole dictionary (empty bytes)
 RESERVED_SUBKEYS = (msgpack.packb(None), b"")
 RECORD_REJECT_REASONS = ("no_subkey", "oversize", "malformed", "wrong_key", "far_expiration")
+# How a storing node ranks a record it keeps by its signer's identity work (``work_verdict``)
+WITH_WORK, WITHOUT_WORK, NO_IDENTITY_WORK = "with_work", "without_work", "no_identity_work"
 
 
 def key_id(key: str) -> bytes:
@@ -108,6 +119,62 @@ def check_record(key: bytes, subkey: bytes, value: bytes, expiration: float, now
     if expiration > record_expiration(msg):
         return "far_expiration"
     return None
+
+
+@dataclass(frozen=True)
+class RecordWork:
+    """What a storing node reads of a record ``check_record`` kept: whether it is a card, its swarm, and the
+    identity work its signer proves (the leading zero bits of ``work.work_digest`` of the envelope's key
+    and the body's ``work_nonce``; 0 without a nonce)."""
+
+    is_card: bool
+    swarm_id: str
+    work_bits: int
+
+
+def record_work(value: bytes) -> RecordWork | None:
+    """The ``RecordWork`` of a stored value (hivemind's encoding: the record msgpack-packed as bin); None
+    when it is not a message (never, for a value ``check_record`` kept). Reads the envelope without checking
+    its signature again: only for records the validator kept (hivemind validates every record before it
+    stores it), whose key the validator has tied to the subkey. About 10 µs: a decode of at most
+    ``MAX_RECORD_BYTES`` and one sha256."""
+    try:
+        data = _unpack_record(value)
+        envelope = _unpack_record(data) if type(data) is bytes else None
+    except Exception:  # noqa: BLE001 - any msgpack failure: not a record
+        return None
+    body = envelope.get("b") if type(envelope) is dict else None
+    if type(body) is not dict or type(body.get("swarm_id")) is not str:
+        return None
+    key, nonce = envelope.get("k"), body.get(WORK_NONCE_FIELD)
+    proven = 0
+    if (
+        type(key) is bytes
+        and len(key) == PUBLIC_KEY_BYTES
+        and type(nonce) is bytes
+        and len(nonce) == NONCE_BYTES
+    ):
+        proven = leading_zero_bits(work_digest(key, nonce))
+    return RecordWork(is_card=envelope.get("t") == ROSTER_CARD, swarm_id=body["swarm_id"], work_bits=proven)
+
+
+def work_verdict(work: RecordWork, bits: int, *, home: bool) -> str:
+    """How a storing node that asks ``bits`` of identity work (its swarm's d) ranks a record it keeps:
+    ``WITH_WORK`` when the signer proves ``bits``; otherwise ``NO_IDENTITY_WORK`` (refused) for a card of
+    the node's own swarm (``home``: every reader of that swarm refuses it too), else ``WITHOUT_WORK``. The
+    storage also counts an announcement without work as with work when it holds the signer's card with
+    work (state: not this function's)."""
+    if work.work_bits >= bits:
+        return WITH_WORK
+    return NO_IDENTITY_WORK if work.is_card and home else WITHOUT_WORK
+
+
+def _unpack_record(data: bytes) -> object:
+    """msgpack of at most a record's size: no str, bin or container can be larger than the input."""
+    return msgpack.unpackb(
+        data, raw=False, max_str_len=MAX_RECORD_BYTES, max_bin_len=MAX_RECORD_BYTES,
+        max_array_len=MAX_RECORD_BYTES, max_map_len=MAX_RECORD_BYTES, max_ext_len=0,
+    )  # fmt: skip
 
 
 def record_expiration(msg: RosterCard | BatchAnnouncement) -> float:

@@ -18,7 +18,7 @@ BATCH_ANNOUNCEMENT = "batch_announcement"
 ROLLOUT_BATCH = "rollout_batch"
 MESSAGE_TYPES = (ROSTER_CARD, BATCH_ANNOUNCEMENT, ROLLOUT_BATCH)
 OFFLINE_FIELD = "offline"  # RosterCard's optional "I am leaving" flag
-WORK_NONCE_FIELD = "work_nonce"  # RosterCard's optional identity proof of work (wire.work)
+WORK_NONCE_FIELD = "work_nonce"  # optional identity proof of work in cards and announcements (wire.work)
 
 # --- size limits (bytes are encoded bytes; string lengths are UTF-8 bytes) -----------------------------
 MAX_FRAME_BYTES = 4 * 1024 * 1024  # one encoded RolloutBatch, and one stream frame body

@@ -251,23 +251,26 @@ class BatchAnnouncement:
     n_groups: int
     timestamp: float
     seq: int
+    # The signer's proof of work, as in its card: a node storing the DHT record can tell it has work without
+    # holding the card (``wire.dht_rules.record_work``). Optional on the wire, as in the card.
+    work_nonce: bytes = b""
     extra: Mapping[str, Any] = field(default_factory=dict, repr=False, hash=False)
 
     def to_body(self) -> dict[str, Any]:
-        return _with_extra(
-            {
-                "peer_id": self.peer_id,
-                "swarm_id": self.swarm_id,
-                "round": self.round,
-                "policy_version": self.policy_version,
-                "payload_sha256": bytes(self.payload_sha256),
-                "payload_len": self.payload_len,
-                "n_groups": self.n_groups,
-                "timestamp": float(self.timestamp),
-                "seq": self.seq,
-            },
-            self.extra,
-        )
+        known = {
+            "peer_id": self.peer_id,
+            "swarm_id": self.swarm_id,
+            "round": self.round,
+            "policy_version": self.policy_version,
+            "payload_sha256": bytes(self.payload_sha256),
+            "payload_len": self.payload_len,
+            "n_groups": self.n_groups,
+            "timestamp": float(self.timestamp),
+            "seq": self.seq,
+        }
+        if self.work_nonce:
+            known[WORK_NONCE_FIELD] = bytes(self.work_nonce)
+        return _with_extra(known, self.extra)
 
     @classmethod
     def from_body(cls, r: Reader) -> BatchAnnouncement:
@@ -281,6 +284,7 @@ class BatchAnnouncement:
             n_groups=r.int("n_groups", 1, MAX_GROUPS_PER_BATCH),
             timestamp=r.timestamp(),
             seq=r.int("seq", 0, INT64_MAX),
+            work_nonce=r.bin(WORK_NONCE_FIELD, NONCE_BYTES) if WORK_NONCE_FIELD in r.d else b"",
             extra=r.extra(),
         )
 
@@ -363,9 +367,10 @@ def pack_array(code: str, values: Sequence[float | int], name: str) -> bytes:
 
 
 def announcement_for(
-    batch: RolloutBatch, batch_bytes: bytes, *, timestamp: float, seq: int
+    batch: RolloutBatch, batch_bytes: bytes, *, timestamp: float, seq: int, work_nonce: bytes = b""
 ) -> BatchAnnouncement:
-    """The announcement of an encoded batch (sign it with ``encode_message``)."""
+    """The announcement of an encoded batch (sign it with ``encode_message``), carrying the signer's proof
+    of work ``work_nonce`` (b"": none)."""
     return BatchAnnouncement(
         peer_id=batch.peer_id,
         swarm_id=batch.swarm_id,
@@ -376,4 +381,5 @@ def announcement_for(
         n_groups=len(batch.groups),
         timestamp=timestamp,
         seq=seq,
+        work_nonce=work_nonce,
     )

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarmnode.identity import Identity
+from swarmnode.identity import Identity, public_key_from_peer_id
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 from swarmnode.swarm.wire import codec, convert, framing, limits, protocol, work
 from swarmnode.swarm.wire import dht_rules as dht
@@ -119,6 +119,14 @@ def test_vector(path):
         verdict = dht.check_record(dht.key_id(v["key"]), subkey, value, v["expiration"], v["now"])
         assert (verdict or "accept") == v["verdict"]
         return
+    if v["kind"] == "dht_work":  # PROTOCOL.md section 8: how a storing node ranks it by identity work
+        msg, signer = codec.decode_message(data, swarm_id=None, expected_peer_id=v["subkey"])
+        digest = work.work_digest(public_key_from_peer_id(signer), msg.work_nonce)
+        proven = work.leading_zero_bits(digest) if msg.work_nonce else 0
+        read = dht.record_work(msgpack.packb(data, use_bin_type=True))
+        assert read.work_bits == v["work_bits"] == proven
+        assert dht.work_verdict(read, v["bits"], home=v["home"]) == v["verdict"]
+        return
     kwargs = dict(swarm_id=v["swarm_id"], expected_type=v["type"], expected_peer_id=v["expected_peer_id"])
     if v["verdict"] != "accept":
         assert reject_reason(data, **kwargs) == v["verdict"]
@@ -128,6 +136,13 @@ def test_vector(path):
     signer = Identity.from_seed(bytes.fromhex(v["signer_seed"]))
     assert codec.encode_message(signer, v["swarm_id"], msg) == data  # canonical: byte for byte
     assert load_make_vectors().body_json(msg.to_body()) == v["body"]
+
+
+def test_stored_work_vectors_cover_every_verdict():
+    verdicts = {
+        json.loads(p.read_text())["verdict"] for p in VECTOR_FILES if p.stem.startswith("stored_work_")
+    }
+    assert verdicts == {dht.WITH_WORK, dht.WITHOUT_WORK, dht.NO_IDENTITY_WORK}
 
 
 def test_make_vectors_regenerates_the_committed_files():
