@@ -29,6 +29,7 @@ from tests.helpers import dht_attacker
 SWARM = "work-home"
 WORK_BITS = 8  # the swarm's d: what its nodes ask of an identity (tests use 8: a mint is instant)
 FREE_ANNOUNCEMENTS = 2048  # a storing node's whole home-swarm budget (dht_guard.MAX_HOME_RECORDS)
+WORKLESS_SHARE = 0.25  # what records without work may take of it (dht_guard; not imported: runs on old code)
 FREE_CARDS = 64  # a whole roster shard (dht_rules.MAX_SUBKEYS_PER_KEY)
 RECORD_WAIT_S = 20.0
 ATTACK_TIMEOUT_S = 180.0
@@ -127,4 +128,4 @@ def test_free_keys_filling_a_storing_node_leave_room_for_an_honest_card_and_anno
     )
     assert found == {honest.peer_id: plain, other.peer_id: proven}
     assert carded == 0, "work-less cards of the node's own swarm were stored"
-    assert announced < FREE_ANNOUNCEMENTS, "work-less announcements filled the whole home budget"
+    assert announced <= WORKLESS_SHARE * FREE_ANNOUNCEMENTS, "work-less announcements took the home budget"
