@@ -36,7 +36,8 @@ from swarmnode import __version__, status_page
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.identity import load_or_create
-from swarmnode.metrics import MetricsServer, dht_families
+from swarmnode.metrics import dht_families
+from swarmnode.metrics_server import MetricsServer
 from swarmnode.swarm.net.transport import Transport
 
 

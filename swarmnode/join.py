@@ -113,7 +113,7 @@ def _start_swarm(node: Node, cfg: NodeConfig):
             policy=node.policy,
             identity_path=node.identity_path,
             run_dir=node.run_dir,
-            on_status=lambda status: setattr(node.metrics, "swarm", status),
+            on_status=node.metrics.observe_swarm,
             work_nonce=work_nonce,
         )
         try:

@@ -29,7 +29,8 @@ from swarmnode.identity import load_or_create
 from swarmnode.learn.heap import return_large_blocks_on_free
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
-from swarmnode.metrics import TARGET_FILE, MetricsServer, NodeCollector, node_info, retire_target
+from swarmnode.metrics import NodeCollector, node_info
+from swarmnode.metrics_server import TARGET_FILE, MetricsServer, retire_target
 from swarmnode.policy import enable_activation_checkpointing, load_policy, state_digest
 from swarmnode.probe import PROBE_FILE, Probe
 from swarmnode.rounds import Exchange, RoundContext, run_round
@@ -106,8 +107,7 @@ class Node:
         self._lock = _lock_run_dir(self.run_dir)
         save_config(cfg, self.run_dir)
         # First, so that a taken port stops the node before anything slow (the node info comes later)
-        self.metrics = NodeCollector({}, self.run_dir)
-        self.metrics.write_failures = self.runlog.write_failures  # round-log appends a full disk refused
+        self.metrics = NodeCollector({}, self.run_dir, self.runlog.write_failures)
         if cfg.run.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics, cfg.run.metrics_host, cfg.run.metrics_port)
 
@@ -150,7 +150,7 @@ class Node:
             self.replay = ReplayBuffer(cfg.replay.capacity, cfg.replay.max_staleness, seed=cfg.train.seed)
         if cfg.run.resume:
             self._resume()
-        self.metrics.info = node_info(self.peer_id, self.policy.name, self.sampler.name)
+        self.metrics.observe_info(node_info(self.peer_id, self.policy.name, self.sampler.name))
         if self._created_identity is not None:
             log(f"created node identity {self.identity_path} (peer id {self.identity.peer_id})")
         if self.metrics_server is not None:
@@ -162,7 +162,7 @@ class Node:
 
     def close(self) -> None:
         """Stop the metrics server and release the run folder (the process exiting does the same). After a
-        clean stop the Prometheus target is retired (metrics.retire_target); after a crash it stays, so
+        clean stop the Prometheus target is retired (metrics_server.retire_target); after a crash it stays, so
         the node's down alert fires."""
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -267,7 +267,7 @@ class Node:
             )
             return
         self._saved_round = self.completed_rounds
-        self.metrics.checkpoint_time = time.time()
+        self.metrics.observe_checkpoint()
         log(f"checkpoint {path}")
 
     def run(
@@ -320,8 +320,7 @@ class Node:
                     self.runlog.append(line)
                     if self.tensorboard is not None:
                         self.tensorboard.append(line)
-                    self.metrics.record = record
-                    self.metrics.rounds += 1
+                    self.metrics.observe_round(record)
                     log(round_line(record))
                     self._bar.update(1)
                     self._bar.set_postfix(reward=f"{record.reward_mean:.3f}")

@@ -3,8 +3,8 @@ each initial peer's address. The CLI runs them before it imports the node (torch
 so that such a mistake ends in one line within seconds, not after the model has loaded. The node checks
 ports and addresses again where it uses them (a port can be taken in between).
 
-Core layer: imports config, errors, metrics, ``swarm.net.daemon``'s parsers and (for initial peers only)
-hivemind's p2p daemon client.
+Core layer: imports config, errors, metrics_server, ``swarm.net.daemon``'s parsers and (for initial peers
+only) hivemind's p2p daemon client.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from swarmnode.common import log
 from swarmnode.config import NodeConfig
 from swarmnode.errors import ConfigError, TransportError
-from swarmnode.metrics import check_metrics_port
+from swarmnode.metrics_server import check_metrics_port
 
 PEER_CHECK_S = 3.0  # how long every initial peer together gets to answer the handshake
 # go-libp2p's words when the key at an address is not the one its /p2p/ part names

@@ -11,7 +11,8 @@ import threading
 import time
 import urllib.request
 
-from swarmnode.metrics import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer, NodeCollector
+from swarmnode.metrics import NodeCollector
+from swarmnode.metrics_server import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer
 
 TRICKLERS = MAX_CONNECTIONS + 4
 TRICKLE_S = 1.0  # one byte this often: far under the 5 s a per-read timeout allowed

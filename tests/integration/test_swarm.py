@@ -83,7 +83,7 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
     collector = NodeCollector(
         {"peer_id": status["peer_id"], "model": "tiny-llama", "backend": "hf", "version": "x"}
     )
-    collector.swarm = SwarmStatus.from_dict(status)
+    collector.observe_swarm(SwarmStatus.from_dict(status))
     registry = CollectorRegistry()
     registry.register(collector)
     samples = {

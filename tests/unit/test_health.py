@@ -12,7 +12,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from swarmnode.metrics import HEALTH_DHT_STALE_S, HEALTH_MIN_ROUND_AGE_S, MetricsServer, NodeCollector
+from swarmnode.metrics import HEALTH_DHT_STALE_S, HEALTH_MIN_ROUND_AGE_S, NodeCollector
+from swarmnode.metrics_server import MetricsServer
 from swarmnode.swarm.exchange.status import DHTHealth, PeerStatus, SwarmStatus
 from tests.helpers.round_records import a_round_record
 
@@ -34,7 +35,7 @@ def _samples(server: MetricsServer) -> dict[str, float]:
 
 def test_a_healthy_swarm_node_is_ok():
     collector = NodeCollector({})
-    collector.swarm = _swarm_status(time.time())
+    collector.observe_swarm(_swarm_status(time.time()))
     assert collector.health()["status"] == "ok" and collector.health()["reasons"] == []
 
 
@@ -47,25 +48,26 @@ def test_each_failed_check_makes_the_node_degraded_with_its_reason():
     }
     for reason, dht in cases.items():
         collector = NodeCollector({})
-        collector.swarm = _swarm_status(now, **dht)
+        collector.observe_swarm(_swarm_status(now, **dht))
         health = collector.health()
         assert health["status"] == "degraded" and reason in " ".join(health["reasons"]), (reason, health)
     lonely = NodeCollector({})
-    lonely.swarm = dataclasses.replace(_swarm_status(now), peers={})
+    lonely.observe_swarm(dataclasses.replace(_swarm_status(now), peers={}))
     assert "no peer" in " ".join(lonely.health()["reasons"])
 
 
 def test_no_round_for_much_longer_than_the_last_one_took_is_degraded():
     collector = NodeCollector({})
-    collector.record = a_round_record(round=3, seconds_total=10.0)
+    record = a_round_record(round=3, seconds_total=10.0)
+    collector.observe_round(record)
     assert collector.health()["status"] == "ok"
-    collector.round_time = time.time() - HEALTH_MIN_ROUND_AGE_S - 1
+    collector.observe_round(record, at=time.time() - HEALTH_MIN_ROUND_AGE_S - 1)
     assert "no round for" in collector.health()["reasons"][0]
 
 
 def test_health_answers_503_and_metrics_say_degraded_when_the_dht_died():
     collector = NodeCollector({})
-    collector.swarm = _swarm_status(time.time(), alive=False)
+    collector.observe_swarm(_swarm_status(time.time(), alive=False))
     server = MetricsServer(collector, "127.0.0.1", 0)
     try:
         try:

@@ -61,7 +61,7 @@ def test_the_round_line_reads_the_record():
 
 def test_each_prometheus_gauge_is_the_number_of_its_metrics_jsonl_key():
     collector = NodeCollector({})
-    collector.record = RECORD
+    collector.observe_round(RECORD)
     registry = CollectorRegistry()
     registry.register(collector)
     samples = {

@@ -178,7 +178,8 @@ def _lan_address() -> str | None:
 
 
 def test_metrics_listen_on_loopback_unless_asked():
-    from swarmnode.metrics import MetricsServer, NodeCollector
+    from swarmnode.metrics import NodeCollector
+    from swarmnode.metrics_server import MetricsServer
 
     run = NodeConfig().run
     assert run.metrics_host == "127.0.0.1"

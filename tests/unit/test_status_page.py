@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 from swarmnode import status_page
 from swarmnode.bootstrap import BootstrapCollector
-from swarmnode.metrics import MetricsServer, NodeCollector
+from swarmnode.metrics import NodeCollector
+from swarmnode.metrics_server import MetricsServer
 from swarmnode.status_page import DATA_MARK, MAX_PAGE_PEERS, PAGE_FILE
 from tests.helpers.browser import chromium_or_skip, load
 from tests.helpers.run_folders import HELPER, RELAY, nated_node, round_record, status_json, write_run_folder

@@ -39,7 +39,7 @@ def test_roster_refusals_reach_prometheus_by_reason(tmp_path, bank):
         status = SwarmStatus.take(roster=parts.roster, state=parts.state, book=parts.book, rejections={})
     assert status.roster_refused == {"malformed": 2}
     collector = NodeCollector({})
-    collector.swarm = status
+    collector.observe_swarm(status)
     refused = {
         sample.labels["reason"]: sample.value
         for family in collector.collect()
