@@ -99,12 +99,13 @@ def test_identities_and_serving_slots_per_origin_are_capped_on_loopback_when_not
         addrs = r.start()
         opened = asyncio.run(asyncio.wait_for(_attack(tmp_path, addrs[0]), 180))
         counts, exempt_counts = capped.snapshot(), exempt.snapshot()
-        print(f"capped {counts}, exempt {exempt_counts}; payload streams {opened}, serving {r.stats}")
+        serving = r.counts().serving
+        print(f"capped {counts}, exempt {exempt_counts}; payload streams {opened}, serving {serving}")
         assert counts == {"received": CAP, "origin_cap": SENDERS - CAP + 1}, counts
         assert len({holder for _, holder in taken[notices.NOTICE_STREAM]}) == CAP
         assert exempt_counts == {"received": SENDERS + 1}, exempt_counts
         # 8 streams admitted (and closed for want of a request), the rest refused for their origin
-        assert r.stats["origin_cap"] == opened - MAX_OPEN_STREAMS_PER_ORIGIN > 0, r.stats
-        assert r.stats["bad_request"] == MAX_OPEN_STREAMS_PER_ORIGIN, r.stats
+        assert serving.origin_cap == opened - MAX_OPEN_STREAMS_PER_ORIGIN > 0, serving
+        assert serving.bad_request == MAX_OPEN_STREAMS_PER_ORIGIN, serving
     finally:
         r.shutdown()

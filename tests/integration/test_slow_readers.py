@@ -28,22 +28,23 @@ def test_sybils_that_ask_and_never_read_do_not_starve_a_newcomers_pulls(tmp_path
             "slow_readers.py", serving.addrs[0], str(tmp_path / "sybils"), serving.digest.hex(), str(SYBILS),
             pressure_s=PRESSURE_S,
         )  # fmt: skip
-        before = dict(server.stats)
+        before = server.counts().serving
 
         t = time.monotonic()
         newcomer_ok, newcomer_errors = pulls(serving.newcomer, serving)
         newcomer_s = time.monotonic() - t
         known_ok, known_errors = pulls(serving.known, serving)
+        after = server.counts().serving
         print(f"newcomer {newcomer_ok}/{PULLS} {newcomer_errors} in {newcomer_s:.1f} s, known {known_ok}/"
-              f"{PULLS} {known_errors}; server before the pulls {before}, after {server.stats}")  # fmt: skip
-        assert before["refused"] > 0  # the Sybils did fill their share
+              f"{PULLS} {known_errors}; server before the pulls {before}, after {after}")  # fmt: skip
+        assert before.refused > 0  # the Sybils did fill their share
         assert known_ok == PULLS, known_errors
         assert newcomer_ok >= PULLS - 1, newcomer_errors
         # and a stream nobody evicted is aborted at its deadline (a 4 MiB answer: SERVE_MAX_S)
         deadline = time.monotonic() + SERVE_MAX_S + 5.0
-        while server.stats["aborted"] == 0 and time.monotonic() < deadline:
+        while server.counts().serving.aborted == 0 and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert server.stats["aborted"] > 0, server.stats
+        assert server.counts().serving.aborted > 0, server.counts().serving
     finally:
         if hog is not None:
             end_group(hog)

@@ -224,14 +224,14 @@ def test_fetch_one_mib_byte_exact(swarm, record_property):
     # between two nodes that joined through A (no bootstrap link between them)
     swarm.b.payloads.offer(digest, data)
     assert swarm.c.fetch(swarm.b.peer_id, digest) == data
-    assert swarm.b.stats["fetch_ok"] >= 1 and swarm.a.stats["served"] >= 1
+    assert swarm.b.counts().pulls.fetch_ok >= 1 and swarm.a.counts().serving.served >= 1
 
 
 def test_unknown_digest_is_not_found(swarm):
     with pytest.raises(PeerError) as info:
         swarm.b.fetch(swarm.a.peer_id, b"\x00" * 32, timeout_s=5)
     assert info.value.reason == "not_found"
-    assert swarm.b.stats["fetch_failed_not_found"] >= 1
+    assert swarm.b.counts().pulls.fetch_failed["not_found"] >= 1
 
 
 def test_payload_over_max_bytes_is_refused_before_its_body(swarm):
@@ -274,11 +274,11 @@ def test_a_timed_out_pull_closes_the_connection_and_the_next_pull_dials_afresh(s
     digest = hashlib.sha256(data).digest()
     c.payloads.offer(digest, data)
     assert b.fetch(c.peer_id, digest, timeout_s=5) == data and c.peer_id in b.connected_peers()
-    before = b.stats["disconnected_after_timeout"]
+    before = b.counts().pulls.disconnected_after_timeout
     with pytest.raises(PeerError) as info:
         b.fetch(c.peer_id, STALL_DIGEST, timeout_s=1.5)
     assert info.value.reason == "timeout"
-    assert b.stats["disconnected_after_timeout"] == before + 1
+    assert b.counts().pulls.disconnected_after_timeout == before + 1
     assert c.peer_id not in b.connected_peers()
     assert b.fetch(c.peer_id, digest, timeout_s=5) == data  # dialled again
 
@@ -319,12 +319,12 @@ def test_garbage_and_early_closes_do_not_break_the_server(swarm):
     data = os.urandom(256 * 1024)
     digest = hashlib.sha256(data).digest()
     a.payloads.offer(digest, data)
-    before = dict(a.stats)
+    before = a.counts().serving
     answers = _raw_streams(b, a.peer_id, [b"garbage", None, b"\x00"])  # short requests, then EOF
     assert answers == [b"", b"", b""]
     # the puller sees the stream end before A's handler has counted it
-    enough = before["bad_request"] + 3
-    assert _poll(lambda: a.stats["bad_request"], lambda n: n >= enough) >= enough
+    enough = before.bad_request + 3
+    assert _poll(lambda: a.counts().serving.bad_request, lambda n: n >= enough) >= enough
     _raw_streams(b, a.peer_id, [os.urandom(32) + b"trailing junk" * 100])  # a digest we do not have
 
     from hivemind.p2p import PeerID
@@ -353,7 +353,7 @@ def test_per_peer_stream_cap(swarm):
     data = b"z" * 1000
     digest = hashlib.sha256(data).digest()
     a.payloads.offer(digest, data)
-    refused_before = a.stats["refused"]
+    refused_before = a.counts().serving.refused
 
     async def scenario() -> tuple[bytes, float]:
         held = []
@@ -384,7 +384,7 @@ def test_per_peer_stream_cap(swarm):
 
     answer, elapsed = b._call(scenario(), 20.0)
     assert answer == b"" and elapsed < 2.0
-    assert _poll(lambda: a.stats["refused"], lambda n: n > refused_before) == refused_before + 1
+    assert _poll(lambda: a.counts().serving.refused, lambda n: n > refused_before) == refused_before + 1
     assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
     assert _poll(lambda: _try_fetch(b, a.peer_id, digest), lambda r: r == data, timeout_s=8) == data
 
@@ -401,13 +401,13 @@ def test_banned_peer_gets_a_closed_stream_and_cannot_be_fetched_from(swarm):
     data = b"q" * 5000
     digest = hashlib.sha256(data).digest()
     a.payloads.offer(digest, data)
-    refused = a.stats["refused"]
+    refused = a.counts().serving.refused
     a.payloads.set_peer_filter(lambda peer: peer != b.peer_id)
     try:
         with pytest.raises(PeerError) as info:
             b.fetch(a.peer_id, digest, timeout_s=5)
         assert info.value.reason == "closed"
-        assert a.stats["refused"] == refused + 1
+        assert a.counts().serving.refused == refused + 1
         assert swarm.c.fetch(a.peer_id, digest, timeout_s=5) == data
     finally:
         a.payloads.set_peer_filter(lambda peer: True)

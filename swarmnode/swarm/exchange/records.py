@@ -28,6 +28,7 @@ from pathlib import Path
 from swarmnode.common import WriteFailures
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.exchange.pool import texts_digest
+from swarmnode.swarm.net.counts import TransportCounts
 
 SHARE_TRACE_ENV = "SWARMNODE_SHARE_TRACE"
 SHARE_TRACE_FILE = "share.jsonl"
@@ -139,17 +140,14 @@ class PeerRoundCounts:
 TRAFFIC = ("notices_sent", "notices_received", "pulls", "bytes_in", "bytes_out")
 
 
-def traffic_totals(transport_stats: dict[str, int], notices: dict[str, int]) -> dict[str, int]:
+def traffic_totals(transport: TransportCounts, notices: dict[str, int]) -> dict[str, int]:
     """This node's cumulative ``TRAFFIC`` from the transport's counters and the notice receiver's."""
-    pulls = transport_stats.get("fetch_ok", 0) + sum(
-        n for key, n in transport_stats.items() if key.startswith("fetch_failed_")
-    )
     return {
-        "notices_sent": transport_stats.get("notices_sent", 0),
+        "notices_sent": transport.pulls.notices_sent,
         "notices_received": notices.get("received", 0),
-        "pulls": pulls,
-        "bytes_in": transport_stats.get("fetch_bytes", 0),
-        "bytes_out": transport_stats.get("served_bytes", 0),
+        "pulls": transport.pulls.started,
+        "bytes_in": transport.pulls.fetch_bytes,
+        "bytes_out": transport.serving.served_bytes,
     }
 
 

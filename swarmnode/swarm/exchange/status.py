@@ -39,10 +39,10 @@ class DHTHealth:
 
     @classmethod
     def of(cls, transport: Transport) -> DHTHealth:
-        records = transport.records
+        records, failed = transport.records, transport.counts().dht
         return cls(
-            transport.dht_alive(), records.last_read_ok, records.last_write_ok,
-            transport.stats["dht_read_failed"], transport.stats["dht_store_failed"],
+            transport.dht_alive(), records.last_read_ok, records.last_write_ok, failed.read_failed,
+            failed.store_failed,
         )  # fmt: skip
 
 

@@ -247,7 +247,7 @@ class Swarm:
         exchange's write comes before the round's training, while batches still arrive)."""
         connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
         with self.state.lock:
-            traffic = records.traffic_totals(self.transport.payloads.stats, self.service.notices.snapshot())
+            traffic = records.traffic_totals(self.transport.counts(), self.service.notices.snapshot())
             counts = self._round_counts.take(self.state.counters, self.verifier.rejections, traffic)
             status = self._snapshot(*self._status_at, connected, dht)
         self._publish(status)

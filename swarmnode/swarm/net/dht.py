@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from swarmnode.errors import TransportError
 from swarmnode.swarm.net import daemon
+from swarmnode.swarm.net.counts import DHTCounts, Tally
 from swarmnode.swarm.wire.codec import decode_message
 from swarmnode.swarm.wire.dht_rules import (
     ANNOUNCE_RECORD_TTL_S,
@@ -52,18 +53,19 @@ KEYS_PER_REQUEST = 32
 class DHTRecords:
     """Puts and gets on the DHT that ``dht()`` returns (None while the transport is not running).
 
-    ``count(name)`` adds to the transport's stats (dht_read_failed / dht_store_failed); ``last_read_ok`` /
+    ``counts()``: the gets and stores that failed (``DHTCounts``, counted here alone); ``last_read_ok`` /
     ``last_write_ok`` are the time.time() of the last get / store that succeeded (0: never)."""
 
-    def __init__(
-        self, dht: Callable[[], hivemind.DHT | None], count: Callable[[str], None], record_timeout_s: float
-    ):
+    def __init__(self, dht: Callable[[], hivemind.DHT | None], record_timeout_s: float):
         self._dht = dht
-        self._count = count
+        self._counts = Tally(DHTCounts())
         self.record_timeout_s = record_timeout_s
         self.last_read_ok = 0.0
         self.last_write_ok = 0.0
         self._trouble_logged = False
+
+    def counts(self) -> DHTCounts:
+        return self._counts.read()
 
     def put(
         self,
@@ -103,13 +105,13 @@ class DHTRecords:
             ok = bool(_result(future, timeout))
         except Exception as exc:
             self._trouble(f"DHT store of {key!r} failed: {exc!r}")
-            self._count("dht_store_failed")
+            self._counts.add("store_failed")
             return False
         self._trouble_logged = False
         if ok:
             self.last_write_ok = time.time()
         else:  # no node took it: the DHT's validators refused it, or every storing node is full
-            self._count("dht_store_failed")
+            self._counts.add("store_failed")
         return ok
 
     def get(self, key: str, timeout_s: float | None = None) -> dict[str, bytes]:
@@ -139,7 +141,7 @@ class DHTRecords:
             for future in futures:
                 future.cancel()
             self._trouble(f"DHT get of {keys[0]!r} and {len(keys) - 1} more failed: {exc!r}")
-            self._count("dht_read_failed")
+            self._counts.add("read_failed")
             return {}
         self._trouble_logged = False
         self.last_read_ok = time.time()

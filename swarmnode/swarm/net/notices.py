@@ -209,7 +209,7 @@ def notify(
     if not peers:
         return None
     frame = encode_notice(author, record, card)
-    transport.payloads.count("notices_sent", len(peers))  # attempted; the future says how many took it
+    transport.count_notices_sent(len(peers))  # attempted; the future says how many took it
 
     async def broadcast(p2p: Any) -> int:
         slots = asyncio.Semaphore(MAX_PARALLEL_NOTICE_SENDS)

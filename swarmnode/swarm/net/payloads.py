@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmnode.errors import PeerError, TransportError
+from swarmnode.swarm.net.counts import ServingCounts, Tally
 from swarmnode.swarm.net.origins import origin_of
 from swarmnode.swarm.wire.framing import PULL_REQUEST_BYTES, encode_frame_header, parse_pull_request
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, ProtocolError
@@ -57,10 +58,6 @@ SERVE_MIN_BYTES_PER_S = 256 * 1024  # ... (half the rate a puller waits for) ...
 SERVE_MAX_S = 15.0  # ... and at most this (a 4 MiB answer: 15 s; a puller waits at most 10 s)
 RESERVED_SLOT_SHARE = 0.5  # share of max_streams only peers in good standing may use
 MAX_OPEN_STREAMS_PER_ORIGIN = 8  # of the open share, streams from one IPv4 /24 or IPv6 /48 (a quarter)
-SERVING_COUNTERS = (
-    "served", "served_bytes", "not_found", "refused", "origin_cap", "evicted", "bad_request", "aborted",
-    "errors",
-)  # fmt: skip
 
 
 @dataclass(eq=False)
@@ -85,13 +82,8 @@ class _Slot:
 class PayloadServer:
     """The payload store and the stream handler that serves it (``Transport`` adds the network).
 
-    ``stats`` counters (the transport counts its pulls in the same dict): served / served_bytes
-    (payloads sent), not_found (asked for a digest we do not hold), refused (stream closed unanswered:
-    filter or caps), origin_cap (refused: its origin holds MAX_OPEN_STREAMS_PER_ORIGIN), evicted (an idle
-    or stalled stream closed to make room for a new one), bad_request (no or short request in time),
-    aborted (the puller left or took the answer too slowly), errors (anything else in the handler).
-    ``exempt_loopback`` (the transport sets it from ``swarm.origin_cap_exempt_loopback``): loopback
-    streams have no origin.
+    ``counts()``: what serving did (``ServingCounts``), counted here alone. ``exempt_loopback`` (the
+    transport sets it from ``swarm.origin_cap_exempt_loopback``): loopback streams have no origin.
     """
 
     def __init__(
@@ -110,8 +102,7 @@ class PayloadServer:
         self.max_streams = max_streams
         self.request_timeout_s = request_timeout_s
         self.serve_timeout_s = serve_timeout_s
-        self.stats: dict[str, int] = dict.fromkeys(SERVING_COUNTERS, 0)
-        self._stats_lock = threading.Lock()
+        self._counts = Tally(ServingCounts())  # counted on the loop thread, read from others
         self._payloads: OrderedDict[bytes, bytes] = OrderedDict()
         self._payloads_lock = threading.Lock()
         self._held: dict[bytes, int] = {}  # digest -> size of the peers' payloads in _payloads
@@ -129,9 +120,8 @@ class PayloadServer:
         self._idle: OrderedDict[_Slot, None] = OrderedDict()
         self._answering: OrderedDict[asyncio.StreamWriter, _Slot] = OrderedDict()
 
-    def count(self, key: str, n: int = 1) -> None:
-        with self._stats_lock:  # pulls run on caller threads, serving on the loop thread
-            self.stats[key] = self.stats.get(key, 0) + n
+    def counts(self) -> ServingCounts:
+        return self._counts.read()
 
     def offer(self, digest: bytes, data: bytes, *, held: bool = False) -> None:
         """Serve ``data`` to peers that ask for ``digest``; past payload_capacity the oldest offer goes.
@@ -190,7 +180,7 @@ class PayloadServer:
         good = self._in_good_standing(peer)
         origin = None if good else origin
         if origin is not None and self._per_origin.get(origin, 0) >= MAX_OPEN_STREAMS_PER_ORIGIN:
-            self.count("origin_cap")
+            self._counts.add("origin_cap")
             return None
         full_total = self._active_total >= self.max_streams
         if good and full_total or not good and (full_total or self._active_open >= self.open_slots):
@@ -198,7 +188,7 @@ class PayloadServer:
             if victim is None:
                 return None
             self._release(victim)
-            self.count("evicted")
+            self._counts.add("evicted")
             _abort(victim.writer)
         slot = _Slot(peer, good, writer, origin)
         self._active[peer] = held + 1
@@ -283,12 +273,12 @@ class PayloadServer:
         try:
             peer = info.peer_id.to_base58()
             if not self.allowed(peer):
-                self.count("refused")
+                self._counts.add("refused")
                 return
             origin = origin_of(getattr(info, "addr", ""), exempt_loopback=self.exempt_loopback)
             slot = self._take_slot(peer, writer, origin)
             if slot is None:
-                self.count("refused")
+                self._counts.add("refused")
                 return
             try:
                 request = await asyncio.wait_for(
@@ -297,7 +287,7 @@ class PayloadServer:
                 digest = parse_pull_request(request)
             except (TimeoutError, asyncio.IncompleteReadError, ProtocolError, ConnectionError):
                 if not slot.released:  # an evicted stream was counted as such
-                    self.count("bad_request")
+                    self._counts.add("bad_request")
                 return
             if slot.released:  # evicted while its request arrived
                 return
@@ -307,11 +297,11 @@ class PayloadServer:
                 done = True
             except (TimeoutError, ConnectionError):  # too slow a reader, it hung up, or it was evicted
                 if not slot.released:
-                    self.count("aborted")
+                    self._counts.add("aborted")
         except asyncio.CancelledError:  # shutdown
             raise
         except Exception as exc:  # a misbehaving client must never take the node down
-            self.count("errors")
+            self._counts.add("errors")
             logger.debug("payload stream from %s failed: %r", peer, exc)
         finally:
             if slot is not None:
@@ -338,7 +328,7 @@ class PayloadServer:
         with self._payloads_lock:
             data = self._payloads.get(digest)
         if data is None:
-            self.count("not_found")
+            self._counts.add("not_found")
             writer.write(encode_frame_header(0))
             await writer.drain()
             return
@@ -348,8 +338,8 @@ class PayloadServer:
             writer.write(view[offset : offset + WRITE_CHUNK_BYTES])
             await writer.drain()
             self._took(writer, offset + WRITE_CHUNK_BYTES)
-        self.count("served")
-        self.count("served_bytes", len(data))
+        self._counts.add("served")
+        self._counts.add("served_bytes", len(data))
 
 
 def _abort(writer: asyncio.StreamWriter) -> None:

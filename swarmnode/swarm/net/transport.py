@@ -46,6 +46,7 @@ from swarmnode.config import SwarmConfig
 from swarmnode.errors import PeerError, TransportError
 from swarmnode.identity import public_key_from_peer_id
 from swarmnode.swarm.net import daemon, reachability
+from swarmnode.swarm.net.counts import PullCounts, Tally, TransportCounts
 from swarmnode.swarm.net.dht import DHTRecords
 from swarmnode.swarm.net.payloads import PayloadServer
 from swarmnode.swarm.net.streams import open_stream
@@ -75,17 +76,15 @@ class Transport:
 
     Serving (``payloads.offer``, the peer filter and standing, the stream handler and its caps) is
     ``payloads``, a ``PayloadServer`` (one with the default caps unless given, its origin rule from
-    ``swarm.origin_cap_exempt_loopback``); its ``stats`` dict is this transport's too. ``stream_name``
+    ``swarm.origin_cap_exempt_loopback``). ``stream_name``
     exists for tests (another protocol id); nodes keep the default. ``must_reach_initial_peers=False``
     (bootstrap nodes) starts even when no initial peer answers.
 
     After ``start``: ``client_mode`` (whether the DHT runs as a client), ``reachability`` (the dial-back
     verdict, or "unchecked") and ``reachability_note`` (one line for the user saying what was decided).
 
-    ``stats`` (counters for metrics): the serving ones (``PayloadServer``), dht_read_failed /
-    dht_store_failed, fetch_ok / fetch_bytes,
-    fetch_failed_<reason> for each of FETCH_FAILURE_REASONS, and disconnected_after_timeout (connections
-    closed after a timed-out pull, to be dialled afresh).
+    ``counts()``: what serving, the DHT calls and this transport's pulls and notices counted, each part
+    its own (``net.counts``).
     """
 
     def __init__(
@@ -111,13 +110,8 @@ class Transport:
         self.start_timeout_s = start_timeout_s
 
         self.peer_id: str = ""
-        self.stats = self.payloads.stats
-        self.stats.update(dict.fromkeys(("fetch_ok", "fetch_bytes", "disconnected_after_timeout"), 0))
-        self.stats.update(dict.fromkeys(("dht_read_failed", "dht_store_failed"), 0))
-        self.stats.update({f"fetch_failed_{reason}": 0 for reason in FETCH_FAILURE_REASONS})
-        self.records = DHTRecords(
-            lambda: self._dht if self._running() else None, self.payloads.count, record_timeout_s
-        )
+        self._pulls = Tally(PullCounts())
+        self.records = DHTRecords(lambda: self._dht if self._running() else None, record_timeout_s)
 
         self._dht: hivemind.DHT | None = None
         self._p2p: Any = None  # hivemind.P2P replica on the DHT's daemon
@@ -127,6 +121,13 @@ class Transport:
         self._closed = False
         self._lifecycle_lock = threading.Lock()
         self._handlers: dict[str, Callable[..., Coroutine]] = {stream_name: self.payloads.handle_stream}
+
+    def counts(self) -> TransportCounts:
+        return TransportCounts(self.payloads.counts(), self._pulls.read(), self.records.counts())
+
+    def count_notices_sent(self, n: int) -> None:
+        """``n`` notices are being sent (``net.notices.notify``; attempted, a send may still fail)."""
+        self._pulls.add("notices_sent", n)
 
     def serve(self, name: str, handler: Callable[..., Coroutine]) -> None:
         """Answer streams of protocol ``name`` with ``handler(info, reader, writer)`` on the transport's
@@ -321,10 +322,10 @@ class Transport:
                 except concurrent.futures.CancelledError:
                     raise PeerError("closed", "the transport shut down during the pull") from None
         except PeerError as exc:
-            self.payloads.count(f"fetch_failed_{exc.reason}")
+            self._pulls.add("fetch_failed", key=exc.reason)
             raise
-        self.payloads.count("fetch_ok")
-        self.payloads.count("fetch_bytes", len(data))
+        self._pulls.add("fetch_ok")
+        self._pulls.add("fetch_bytes", len(data))
         return data
 
     async def _fetch(self, peer_id: str, digest: bytes, max_bytes: int, timeout_s: float) -> bytes:
@@ -377,7 +378,7 @@ class Transport:
 
         try:
             await asyncio.wait_for(self._p2p._client.disconnect(PeerID.from_base58(peer_id)), 2.0)
-            self.payloads.count("disconnected_after_timeout")
+            self._pulls.add("disconnected_after_timeout")
         except Exception as exc:
             logger.debug("disconnecting %s after a timed-out pull failed: %r", peer_id, exc)
 

@@ -42,7 +42,7 @@ class FakeDHT:
 
 
 def _records(fake: FakeDHT) -> dht.DHTRecords:
-    return dht.DHTRecords(lambda: fake, lambda _name: None, record_timeout_s=5.0)
+    return dht.DHTRecords(lambda: fake, record_timeout_s=5.0)
 
 
 def _announcement(identity: Identity, timestamp: float) -> bytes:

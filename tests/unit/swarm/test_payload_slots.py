@@ -57,9 +57,9 @@ def test_sybils_get_only_the_open_share_and_a_known_peer_still_gets_a_slot():
     server = _server(good={"known"})
     sybil_slots = _fill_with_sybils(server)
     assert server._active_total == server.open_slots == 64 - int(64 * RESERVED_SLOT_SHARE)
-    assert server.stats["evicted"] == len(sybil_slots) - server.open_slots  # late Sybils evicted early ones
+    assert server.counts().evicted == len(sybil_slots) - server.open_slots  # late Sybils evicted early ones
     assert server._take_slot("known", FakeWriter()) is not None
-    assert server.stats["evicted"] == len(sybil_slots) - server.open_slots  # from the reserved share
+    assert server.counts().evicted == len(sybil_slots) - server.open_slots  # from the reserved share
 
 
 def test_a_newcomer_evicts_the_oldest_idle_stream_but_never_one_being_served():
@@ -116,7 +116,7 @@ def test_a_reader_that_asked_and_does_not_read_is_evicted_for_a_newcomer_once_it
     assert server._take_slot("newcomer", FakeWriter()) is None  # nobody stalled: refused
     _stall(slots[1], answered_s_ago=late, sent=int(0.5 * SERVE_MIN_BYTES_PER_S))  # behind: 0.5 s of 1 s
     newcomer = server._take_slot("newcomer", FakeWriter())
-    assert newcomer is not None and slots[1].released and server.stats["evicted"] > 0
+    assert newcomer is not None and slots[1].released and server.counts().evicted > 0
 
 
 def test_a_peer_cannot_evict_stalled_streams_past_its_fair_share():
@@ -131,7 +131,7 @@ def test_a_peer_cannot_evict_stalled_streams_past_its_fair_share():
     # the peer that lost a stream may not take one back from a peer holding 4 (it would hold 4 too), so
     # Sybils cannot churn each other's stalled streams out to keep every slot fresh
     assert server._take_slot("sybil-0", FakeWriter()) is None
-    assert server.stats["evicted"] == 1
+    assert server.counts().evicted == 1
     assert server._take_slot("newcomer", FakeWriter()) is not None  # 2 < 4: still below its victims
 
 
@@ -139,7 +139,7 @@ def test_the_open_share_holds_at_most_a_few_streams_of_one_origin_and_good_peers
     server = _server(good={"known"})
     taken = [server._take_slot(f"sybil-{i}", FakeWriter(), "203.0.113.0/24") for i in range(16)]
     assert sum(s is not None for s in taken) == MAX_OPEN_STREAMS_PER_ORIGIN
-    assert server.stats["origin_cap"] == 16 - MAX_OPEN_STREAMS_PER_ORIGIN
+    assert server.counts().origin_cap == 16 - MAX_OPEN_STREAMS_PER_ORIGIN
     assert server._take_slot("other", FakeWriter(), "198.51.100.0/24") is not None
     assert server._take_slot("known", FakeWriter(), "203.0.113.0/24") is not None
     server._release(next(s for s in taken if s is not None))

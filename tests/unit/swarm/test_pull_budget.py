@@ -200,7 +200,7 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
     assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
     time.sleep(3 * 0.2)
     assert received(world) == budget
-    assert world.net.stats.get("notices_sent", 0) == budget * HOLDER_OFFER_FANOUT
+    assert world.net.notices_sent == budget * HOLDER_OFFER_FANOUT
 
 
 def test_an_author_once_tried_is_not_charged_to_the_share_again(world):

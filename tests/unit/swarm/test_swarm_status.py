@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from dataclasses import replace
 
 from swarmnode.identity import Identity
 from swarmnode.metrics import NodeCollector
 from swarmnode.swarm.exchange.records import ArrivalHistogram, RoundCounts, SwarmCounters, traffic_totals
 from swarmnode.swarm.exchange.status import DHTHealth, PeerStatus, RolloutTotals, SwarmStatus
+from swarmnode.swarm.net.counts import PullCounts, ServingCounts, TransportCounts
 from tests.helpers.scripted_net import data_plane_parts
 
 
@@ -50,17 +52,12 @@ def test_roster_refusals_reach_prometheus_by_reason(tmp_path, bank):
 
 
 def test_round_counts_hold_each_rounds_traffic_from_the_cumulative_counters():
-    """The per-round network work a node's metrics.jsonl carries (#27): notices, pulls and bytes are
-    the growth of the transport's and the notice receiver's totals since the previous round."""
+    """The per-round network work a node's metrics.jsonl carries (docs/scaling.md): notices, pulls and
+    bytes are the growth of the transport's and the notice receiver's totals since the previous round."""
     counts, counters = RoundCounts(), SwarmCounters()
-    stats = {
-        "notices_sent": 7,
-        "fetch_ok": 5,
-        "fetch_failed_timeout": 2,
-        "fetch_bytes": 9000,
-        "served_bytes": 100,
-    }
-    first = counts.take(counters, Counter(), traffic_totals(stats, {"received": 6, "rate_limited": 3}))
+    pulls = PullCounts(fetch_ok=5, fetch_bytes=9000, fetch_failed={"timeout": 2}, notices_sent=7)
+    transport = TransportCounts(serving=ServingCounts(served_bytes=100), pulls=pulls)
+    first = counts.take(counters, Counter(), traffic_totals(transport, {"received": 6, "rate_limited": 3}))
     assert first.traffic == {
         "notices_sent": 7,
         "notices_received": 6,
@@ -68,8 +65,8 @@ def test_round_counts_hold_each_rounds_traffic_from_the_cumulative_counters():
         "bytes_in": 9000,
         "bytes_out": 100,
     }
-    stats.update(notices_sent=10, fetch_ok=6, fetch_bytes=9500)
-    second = counts.take(counters, Counter(), traffic_totals(stats, {"received": 8}))
+    transport = replace(transport, pulls=replace(pulls, notices_sent=10, fetch_ok=6, fetch_bytes=9500))
+    second = counts.take(counters, Counter(), traffic_totals(transport, {"received": 8}))
     assert second.traffic == {
         "notices_sent": 3,
         "notices_received": 2,
