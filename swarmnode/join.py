@@ -144,8 +144,7 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
     swarm = known = None
 
     def roster() -> dict:
-        with swarm.state.lock:  # the exchange service updates it from its own thread
-            return dict(swarm.roster.cards)
+        return swarm.roster.cards_now()  # a copy: the exchange service updates it from its own thread
 
     try:
         swarm, addrs = _start_swarm(node, cfg)

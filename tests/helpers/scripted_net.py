@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from swarmnode.config import SamplingConfig
 from swarmnode.errors import PeerError
 from swarmnode.identity import Identity
+from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.standing import ScoringBudget
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
 from tests.helpers.verify_world import Peer, flip, signature_offset
@@ -163,19 +163,20 @@ def signed_card(identity: Identity, swarm_id: str, fingerprint: str, seq: int, a
 
 @dataclass
 class DataPlaneParts:
-    """What the data plane's stages are handed: a scripted network, standing, the shared state, a real
-    verifier and roster (the node's own task bank, any peer id of its own)."""
+    """What the data plane's stages are handed: a scripted network, standing, the arrivals, the share
+    trace, a real verifier and roster (the node's own task bank, any peer id of its own)."""
 
     net: ScriptedNet
     book: PeerBook
-    state: ExchangeState
+    arrivals: Arrivals
+    trace: ShareTrace
     verifier: Verifier
     roster: Roster
     swarm_id: str
 
 
 def data_plane_parts(run_dir, bank, swarm_id: str = "scripted") -> DataPlaneParts:
-    net, book, state = ScriptedNet(), PeerBook(), ExchangeState(ShareTrace(run_dir))
+    net, book, arrivals = ScriptedNet(), PeerBook(), Arrivals()
     verifier = Verifier(
         bank, swarm_id, book, max_age_s=TTL_S,
         limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),
@@ -183,12 +184,11 @@ def data_plane_parts(run_dir, bank, swarm_id: str = "scripted") -> DataPlanePart
     )  # fmt: skip
     roster = Roster(
         own_peer_id=Identity.generate().peer_id, swarm_id=swarm_id, fingerprint=bank.fingerprint, book=book,
-        ttl_s=TTL_S, lock=state.lock, changed=state.changed,
+        ttl_s=TTL_S, on_read=arrivals.wake,
     )  # fmt: skip
-    return DataPlaneParts(net, book, state, verifier, roster, swarm_id)
+    return DataPlaneParts(net, book, arrivals, ShareTrace(run_dir), verifier, roster, swarm_id)
 
 
 def received(world) -> int:
     """Batches the world's data plane has pulled and verified so far (accepted or not)."""
-    with world.state.lock:
-        return world.state.counters.batches_received
+    return world.arrivals.snapshot().counters.batches_received

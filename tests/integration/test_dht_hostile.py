@@ -79,7 +79,7 @@ def _attacked_exchange(tmp_path, attacks: list[str]) -> None:
         assert reader.service.refresh_roster() == {victim.identity.peer_id}
         assert set(reader.roster.cards) == {victim.identity.peer_id}  # no Sybil card, dated 2100 or not
         # the reader's background service pulls it (notice or poll) without an exchange running
-        accepted = lambda: reader.state.counters.groups_accepted == len(groups)  # noqa: E731
+        accepted = lambda: reader.arrivals.snapshot().counters.groups_accepted == len(groups)  # noqa: E731
         assert wait_until(accepted, 20, 0.5), f"not pulled: {reader.status(1, 0)}"
         assert stored.get("pin", 0) == 0 and stored.get("sybil", 0) == 0, stored  # no honest node took them
     finally:
@@ -123,11 +123,11 @@ def test_a_digest_squatter_neither_hides_the_honest_batch_nor_goes_uncharged(tmp
         groups = Peer(victim.identity, victim.verifier.bank).groups(2)
         victim.publish(1, 0, groups)
         out.wait_for_line(lambda s: s.startswith("SQUATTED "), ATTACK_TIMEOUT_S, describe)
-        accepted = lambda: reader.state.counters.groups_accepted == len(groups)  # noqa: E731
+        accepted = lambda: reader.arrivals.snapshot().counters.groups_accepted == len(groups)  # noqa: E731
         assert wait_until(accepted, 20, 0.5), f"not pulled: {reader.status(1, 0)}"
         # The victim's notice usually brings its batch before the squatter's copy of the announcement is
         # read; a squatted announcement pulled before that answers "not found" and is charged.
-        squatted_pulls = reader.state.counters.fetch_failures["not_found"]
+        squatted_pulls = reader.arrivals.snapshot().counters.fetch_failures.get("not_found", 0)
         assert squatted_pulls <= 1, reader.status(1, 0)
         assert (reader.book.reputation(sybil) < 0) == (squatted_pulls == 1)  # half a strike each
     finally:

@@ -110,11 +110,11 @@ def test_a_batch_comes_from_a_holder_when_its_author_refuses_us(swarm):
     signature."""
     a, b, c = swarm.a, swarm.b, swarm.c
     b_id, c_id = swarm.ids["b"], swarm.ids["c"]
-    before = a.state.counters.batches_received
+    before = a.arrivals.snapshot().counters.batches_received
     b.transport.payloads.set_peer_filter(lambda peer: peer != c_id)
     try:
         b.publish(2, 0, b.sender.groups())
-        assert wait_until(lambda: a.state.counters.batches_received > before, 10, 0.1)
+        assert wait_until(lambda: a.arrivals.snapshot().counters.batches_received > before, 10, 0.1)
         record = a.transport.records.get(dht_rules.announce_key(SWARM, b_id))[b_id]
         digest = codec.decode_message(record, swarm_id=SWARM)[0].payload_sha256
         notices.notify_one(a.transport, c_id, b_id, record)

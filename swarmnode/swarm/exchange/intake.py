@@ -1,11 +1,11 @@
 """The data plane's last stage: a pulled batch verified, pooled and served on.
 
-Verification (``Verifier.check_batch``, within its scoring budget) runs outside the state lock, so the
-round thread never waits on scoring. An accepted batch is offered on (``offer(held=True)``: any holder
+Verification (``Verifier.check_batch``, within its scoring budget) runs before the arrivals are touched,
+so the round thread never waits on scoring. An accepted batch is offered on (``offer(held=True)``: any holder
 serves a batch, the author's signature travels in the bytes), and a reachable node tells up to
 ``reachability.HOLDER_OFFER_FANOUT`` live peers behind NAT that it holds it (they may not reach its
 author, but they reach us). Its fresh groups (not seen before, by content) go into the pool with this
-node's current round as their freshness tier; its author is settled either way.
+node's current round as their freshness tier; its author is settled either way (``Arrivals.add``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.puller import Pulled
+from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import reachability
 from swarmnode.swarm.net.notices import notify
@@ -27,13 +28,15 @@ class Intake:
         self,
         *,
         verifier: Verifier,
-        state: ExchangeState,
+        arrivals: Arrivals,
+        trace: ShareTrace,
         roster: Roster,
         transport: Transport,
         behind_nat: Callable[[], frozenset[str]],
     ):
         self.verifier = verifier
-        self.state = state
+        self.arrivals = arrivals
+        self._trace = trace
         self.roster = roster
         self.transport = transport
         self._behind_nat = behind_nat  # peers whose dial-back check failed here
@@ -47,23 +50,14 @@ class Intake:
             self.transport.payloads.offer(ann.payload_sha256, data, held=True)  # we hold it now: serve it on
             if not self.transport.client_mode:  # reachable: tell peers behind NAT they can pull it here
                 self._offer_held(author, holder, pending.record)
-        state = self.state
-        with state.lock:
-            state.pulls_by_source["holder" if holder != author else pending.via] += 1
-            state.counters.batches_received += 1
-            fresh, duplicates = state.pool.unseen(groups)
-            state.counters.duplicate_groups += duplicates
-            if fresh:
-                state.counters.arrival.observe(verified - ann.timestamp)
-                state.counters.groups_accepted += len(fresh)
-                state.pool.add(fresh, state.round)
-            trace["our_round"] = state.round
-            state.settle(author)
-        state.trace("batch", **trace, verified=verified, groups=len(fresh), bytes=len(data))
+        source = "holder" if holder != author else pending.via
+        pooled, trace["our_round"] = self.arrivals.add(
+            author, groups, source=source, delay_s=verified - ann.timestamp
+        )
+        self._trace("batch", **trace, verified=verified, groups=pooled, bytes=len(data))
 
     def _offer_held(self, author: str, served_by: str, record: bytes) -> None:
-        with self.state.lock:
-            live = set(self.roster.live)
+        live = self.roster.live_peers()
         peers = reachability.holder_offer_targets(self._behind_nat(), live, {author, served_by})
         if peers:
             notify(self.transport, peers, author, record)

@@ -1,48 +1,36 @@
 """The data plane's second stage: candidates checked, new batches pending, pulls bounded in every way.
 
-A candidate's announcement is checked once (``Verifier.check_announcement``: signature, freshness, seq)
-and, if it names a batch not pulled or accepted yet, that batch becomes *pending* with the holders heard
-of: its author first, then any peer whose notice carried the author's record (at most
-MAX_HOLDERS_PER_BATCH). Pending batches are pulled concurrently, at most MAX_PARALLEL_PULLS at once,
-authors with standing first, round-robin across authors within each share, one author's batches one at a
-time (the next only once the last is verified: a verification that bans its author, or finds it over its
-byte rate, comes before any more of its bytes are fetched; honest authors publish one batch a round, so
-this costs them nothing), each from its first holder
-not backed off, with a timeout proportional to the announced size (``pull_timeout_s``). A holder whose
-pull timed out (or could not be reached) is backed off for BACKOFF_BASE_S, doubling per failure up to
-BACKOFF_MAX_S, so one silent peer holds one pull slot for one timeout and is not tried again meanwhile;
-each holder gets MAX_FETCH_ATTEMPTS tries per batch (one for an author without standing), then the next
-holder is tried; bytes that are not the announced ones (``hash_mismatch``) charge the holder that sent
-them and the next holder is asked. A batch no holder can serve is given up (its author is then settled:
-not waited for); behind NAT only after HOLDER_WAIT_S more, since reachable peers offer such a node the
-batches they verified (exchange/intake.py) and the offer may come after the author's pull failed. A holder
-without standing that held a pull for its whole timeout, or served other bytes than announced, has had its
-first chance (``Roster.fail_probation``): its batches come after those of authors still on theirs, and
-make room for them in the probation share. An oversized frame costs its sender a strike, "not found" from
-the author itself half of one (NOT_FOUND_STRIKE_WEIGHT).
+A candidate's announcement is checked once (``Verifier.check_announcement``); a batch not pulled or
+accepted yet becomes *pending* with the holders heard of (its author first, at most
+MAX_HOLDERS_PER_BATCH). Pending batches are pulled at most MAX_PARALLEL_PULLS at once, authors with
+standing first, round-robin across authors, freshest first, one batch of an author at a time (the next
+only once the last is verified: a verification that bans its author or finds it over its byte rate comes
+before more of its bytes), each from its first holder not backed off, within ``pull_timeout_s`` of the
+announced size. A holder that timed out or could not be reached is backed off (BACKOFF_BASE_S, doubling
+up to BACKOFF_MAX_S), so a silent peer holds one slot for one timeout; after MAX_FETCH_ATTEMPTS tries (one
+for an author without standing) the next holder is asked. Bytes other than announced (``hash_mismatch``)
+charge the holder that sent them, an oversized frame costs a strike, "not found" from the author half of
+one (NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its author settled; behind NAT
+only after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
+(exchange/intake.py).
 
-A round pulls at most K = ``pull_budget(J)`` batches of authors with standing (#27): a node trains on J
-peer groups a round, so pulling every batch it hears of would make its work grow with the swarm. The
-budget (``round_budget.RoundBudget``) counts batches whose first pull started in this node's round, and
-takes only batches announced in that round's window; once it is spent, the batches still pending and those
-heard of later are *dropped*, not deferred (a batch pulled in a later round would be stale: the first try
-at these bounds deferred, and batches reached the nodes that trained on them 4.7 s after publishing,
-docs/scaling.md), and ``state.pulls_done_round`` tells the round that nothing more is coming. Within the
-budget the freshest batches go first. Authors without standing new here have K first chances a round of
-their own (the budget's exploration share); past it their batches wait, pending, for a later round's. An
-author once tried is not charged again: its later batches are bounded per identity (PENDING_PER_AUTHOR,
-strikes and bans, the failed-probation order), so what the share bounds is the identities a round brings.
+A round pulls at most K = ``pull_budget(J)`` batches of authors with standing, announced in its window
+(``round_budget``): a node trains on J peer groups a round, so its work must grow with J, not with the
+swarm. Past K batches are dropped, not deferred (a round late they would be stale), and
+``Arrivals.pulls_done`` tells the round that nothing more is coming. Authors without standing new here get
+K first chances a round of their own; past those their batches wait, pending, for a later round's. An
+author once tried is not charged again: its later batches are bounded per identity.
 
-Bounds that hold whatever the number of identities (exchange/standing.py): MAX_PENDING batches,
-PENDING_PER_AUTHOR of one author, PROBATION_PENDING of authors without standing; past any of them the
-*newest* candidate is dropped (counted in ``dropped``), never an older entry (only a batch of an author
-whose first chance failed makes room for one still on its first chance); pending batches expire
-with their announcement. Batches of authors without standing are pulled by their own PROBATION_PULLS
-workers, never by those of the authors with standing, with a shorter base timeout, and only while their
-share of the scoring CPU holds enough for one batch.
+Bounds whatever the number of identities (exchange/standing.py): MAX_PENDING batches, PENDING_PER_AUTHOR
+of one author, PROBATION_PENDING of authors without standing; past any of them the *newest* candidate is
+dropped (counted in ``dropped``), never an older entry, except that a batch of an author whose first
+chance failed (``Roster.fail_probation``: a pull from it held a slot for its whole timeout, or it served
+other bytes than announced) makes room for one still on its first chance. Batches of authors without
+standing have their own PROBATION_PULLS workers and a shorter base timeout, and are pulled only while their
+share of the scoring CPU holds enough for one batch. Pending batches expire with their announcement.
 
 Threads: ``consider``, ``start_pulls`` and ``take_result`` run on the service thread; the worker pools only
-calls ``fetch`` and hands the bytes back through a queue. What arrived goes to ``on_pulled``.
+call ``fetch`` and hand the bytes back through a queue. What arrived goes to ``on_pulled``.
 """
 
 from __future__ import annotations
@@ -57,12 +45,13 @@ from dataclasses import dataclass, field
 
 from swarmnode.common import BoundedSet
 from swarmnode.errors import PeerError
+from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.round_budget import RoundBudget
 from swarmnode.swarm.exchange.standing import PENDING_PER_AUTHOR, PROBATION_PENDING, PROBATION_PULLS
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, payload_digest
 from swarmnode.swarm.wire.protocol import BatchAnnouncement
@@ -148,7 +137,8 @@ class Puller:
         verifier: Verifier,
         book: PeerBook,
         roster: Roster,
-        state: ExchangeState,
+        arrivals: Arrivals,
+        trace: ShareTrace,
         fetch: Fetch,
         on_pulled: Callable[[Pulled], None],
         wake: Callable[[], None],
@@ -160,7 +150,8 @@ class Puller:
         self.verifier = verifier
         self.book = book
         self.roster = roster
-        self.state = state
+        self.arrivals = arrivals
+        self._trace = trace
         self._fetch = fetch
         self._on_pulled = on_pulled
         self._wake = wake
@@ -169,7 +160,7 @@ class Puller:
         self._per_author: Counter[str] = Counter()  # pending batches per author
         # candidates not taken: "author_full", "probation_full", "full", "round_budget"
         self.dropped: Counter[str] = Counter()
-        self.budget = RoundBudget(pulls_per_round, state)
+        self.budget = RoundBudget(pulls_per_round, arrivals.window)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
         self._pulled: BoundedSet[tuple[str, bytes]] = BoundedSet(MAX_PULLED)
         # authors without standing whose first chance (a first pull) was given: the exploration share
@@ -305,10 +296,7 @@ class Puller:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
             return  # a batch of this round's budget is still between tries
-        with self.state.lock:
-            if self.state.pulls_done_round < self.budget.round:
-                self.state.pulls_done_round = self.budget.round
-                self.state.changed.notify_all()
+        self.arrivals.pulls_done(self.budget.round)
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
@@ -396,10 +384,8 @@ class Puller:
     def _failed(self, key: tuple[str, bytes], pending: Pending, holder: str, reason: str, trace: dict):
         """Back off a holder that timed out or could not be reached; charge one that sent too much, or
         the author answering "not found" (module docstring)."""
-        with self.state.lock:
-            self.state.counters.fetch_failures[reason] += 1
-            trace["our_round"] = self.state.round
-        self.state.trace("batch", **trace, error=reason)
+        trace["our_round"] = self.arrivals.fetch_failed(reason)
+        self._trace("batch", **trace, error=reason)
         if reason in PROBATION_ENDING_FAILURES:  # a holder without standing had its first chance
             self.roster.fail_probation(holder)
         if reason in RETRYABLE_FETCH_FAILURES:
@@ -420,7 +406,7 @@ class Puller:
         self._forget(key)
         self._pulled.add(key)
         if settle:
-            self.state.settle(key[0])
+            self.arrivals.settle(key[0])
 
     def _forget(self, key: tuple[str, bytes]) -> None:
         pending = self.pending.pop(key)

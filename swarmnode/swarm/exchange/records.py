@@ -13,7 +13,7 @@ files (``status.json`` is ``exchange.status``).
   that served it, ``via`` notice or poll, the announcement's signed timestamp, when the read that first
   showed it started and returned (a notice: its arrival, twice), fetch start and end, verification end,
   groups accepted or the fetch failure reason) and ``exchange`` (start, end, live peers, peers
-  delivered, and what ended the wait: ``swarm._wait_over``). Off by default: nothing is written.
+  delivered, and what ended the wait: ``Arrivals.wait_for``). Off by default: nothing is written.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,16 +54,19 @@ class ArrivalHistogram:
         self.n += 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class SwarmCounters:
+    """The exchange's totals at one moment (``Arrivals.snapshot``): batches and groups published, batches
+    received, groups accepted (fresh), trained on and duplicate, pulls failed by reason, arrival times."""
+
     batches_published: int = 0
     groups_published: int = 0
     batches_received: int = 0
     groups_accepted: int = 0
     groups_trained: int = 0
     duplicate_groups: int = 0
-    fetch_failures: Counter = field(default_factory=Counter)
-    arrival: ArrivalHistogram = field(default_factory=lambda: ArrivalHistogram())
+    fetch_failures: dict[str, int] = field(default_factory=dict)
+    arrival: ArrivalHistogram = field(default_factory=ArrivalHistogram)
 
 
 class ShareTrace:
@@ -115,7 +119,8 @@ class PeerRoundCounts:
     """What one round's exchange received and cost: the counters' growth since the previous round.
 
     ``traffic`` is this node's network work in the round (``TRAFFIC``): notices sent and received,
-    pulls started, bytes pulled in and served out; what must not grow with the swarm's size (#27)."""
+    pulls started, bytes pulled in and served out; what must not grow with the swarm's size
+    (docs/scaling.md)."""
 
     batches_received: int = 0
     groups_accepted: int = 0
@@ -157,7 +162,9 @@ class RoundCounts:
     def __init__(self) -> None:
         self._last = PeerRoundCounts()
 
-    def take(self, counters: SwarmCounters, rejections: Counter, traffic: dict[str, int]) -> PeerRoundCounts:
+    def take(
+        self, counters: SwarmCounters, rejections: Mapping[str, int], traffic: dict[str, int]
+    ) -> PeerRoundCounts:
         now = PeerRoundCounts(
             counters.batches_received, counters.groups_accepted, counters.groups_trained,
             dict(rejections), dict(counters.fetch_failures), dict(traffic),

@@ -13,7 +13,7 @@ Cards are checked alike wherever they come from: signature and sender, the ident
 sequence number (an older card than one admitted is ignored). Refusals are counted by reason in
 ``refused``.
 
-The roster is this node's *view* of the swarm, not the swarm (#27): at most ``view_size`` cards
+The roster is this node's *view* of the swarm, not the swarm (docs/scaling.md): at most ``view_size`` cards
 (``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and
 waits for, and what its roster pages cost once the view is full (exchange/service.py), stay the same at
 100 nodes and at 10,000. The DHT's roster shards and the cards that notices carry are where members come
@@ -28,8 +28,11 @@ first chance for PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). T
 (``to_wait_for``) for live peers with standing; only while none is live, for peers without it, and for
 each of those only until its first miss (``missed``).
 
-Every method takes ``lock`` (shared with the exchange's state): the round thread reads the roster for
-status and waits, the service thread admits.
+Every method takes the roster's own lock, and readers get copies (``live_peers``, ``cards_now``,
+``members_progress``): the round thread reads the roster for status and waits, the service thread admits.
+A roster read (``take_read``) wakes the start's wait for peers (``wait_first_read``, ``wait_live``) and
+then, with the lock released, calls ``on_read`` (the round's wait looks again: ``Arrivals.wake``). Under
+its lock the roster takes only the peer book's, so whoever holds the arrivals' lock may call it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 
 from swarmnode.common import BoundedSet, log
 from swarmnode.swarm.exchange import fanout
@@ -64,8 +68,7 @@ class Roster:
         fingerprint: str,
         book: PeerBook,
         ttl_s: float,
-        lock: threading.RLock,
-        changed: threading.Condition,
+        on_read: Callable[[], None] = lambda: None,
         work_bits: int = 0,
         view_size: int = VIEW_SIZE,
         clock=time.monotonic,
@@ -79,8 +82,9 @@ class Roster:
         self.view_size = view_size  # cards held at most ...
         self.probation_cards = view_size // 2  # ... of which of peers without standing
         self.clock = clock  # monotonic: probation failures expire by it
-        self.lock = lock
-        self.changed = changed
+        self._lock = threading.RLock()
+        self._read = threading.Condition(self._lock)  # notified at each roster read
+        self._on_read = on_read
         self.cards: dict[str, RosterCard] = {}
         self.live: set[str] = set()  # as of the last roster read
         self.reads = 0  # roster reads so far (0: not yet) ...
@@ -94,12 +98,12 @@ class Roster:
         self._incompatible: BoundedSet[str] = BoundedSet(MAX_IGNORED_PEERS)
 
     def __len__(self) -> int:
-        with self.lock:
+        with self._lock:
             return len(self.cards)
 
     def admit(self, peer: str, record: bytes, now: float) -> None:
         """A roster card record, read from the DHT or carried by a notice: into the roster if valid."""
-        with self.lock:
+        with self._lock:
             if peer == self.own_peer_id:
                 return
             try:
@@ -158,7 +162,7 @@ class Roster:
     def fail_probation(self, peer: str) -> None:
         """``peer`` had no standing and its first chance failed (exchange/puller.py): for PROBATION_RETRY_S
         it comes after every peer still on its first chance."""
-        with self.lock:
+        with self._lock:
             if self.book.has_standing(peer):
                 return
             self._failed.pop(peer, None)
@@ -168,7 +172,7 @@ class Roster:
 
     def failed_probation(self, peer: str) -> bool:
         """Whether ``peer``'s first chance failed (within PROBATION_RETRY_S)."""
-        with self.lock:
+        with self._lock:
             until = self._failed.get(peer)
             if until is None:
                 return False
@@ -189,7 +193,7 @@ class Roster:
         peers, recompute ``live`` (from every card held, not only this read's: a read that timed out, or a
         page of other shards, must not make peers vanish)."""
         now = time.time()
-        with self.lock:
+        with self._lock:
             for peer, record in cards:
                 self.admit(peer, record, now)
             for peer in [p for p in self.cards if now - self._signed_last(p) > self.ttl_s]:
@@ -198,13 +202,59 @@ class Roster:
             self.reads += 1
             for shard in range(dht_rules.ROSTER_SHARDS) if shards is None else shards:
                 self.shard_reads[shard] += 1
-            self.changed.notify_all()
+            self._read.notify_all()
+            live = set(self.live)
+        self._on_read()
+        return live
+
+    def wait_first_read(self, deadline: float) -> None:
+        """Block until the roster was read once, at the latest at ``deadline`` (time.monotonic())."""
+        with self._lock:
+            while not self.reads and time.monotonic() < deadline:
+                self._read.wait(max(deadline - time.monotonic(), 0.0))
+
+    def wait_live(self, wanted: int, deadline: float, read_soon: Callable[[], None]) -> tuple[set[str], bool]:
+        """Block until ``wanted`` peers are live, a live peer has started its rounds (``running_peer``) or
+        ``deadline`` (time.monotonic()) passes, calling ``read_soon`` before each wait for a read. Returns
+        the live peers and whether a running peer ended the wait."""
+        with self._lock:
+            running = False
+            while len(self.live) < wanted and time.monotonic() < deadline:
+                if running := self.running_peer():
+                    break
+                read_soon()
+                self._read.wait(max(deadline - time.monotonic(), 0.0))
+            return set(self.live), running
+
+    def live_peers(self) -> set[str]:
+        """The live peers as of the last roster read."""
+        with self._lock:
             return set(self.live)
+
+    def holds(self, peer: str) -> bool:
+        """Whether ``peer`` has a card in the roster."""
+        with self._lock:
+            return peer in self.cards
+
+    def cards_now(self) -> dict[str, RosterCard]:
+        """The roster's cards, peer -> its newest card."""
+        with self._lock:
+            return dict(self.cards)
+
+    def members_progress(self) -> dict[str, tuple[RosterCard, tuple[int, int, float]]]:
+        """Each roster peer, sorted: its newest card and its ``progress``, read at one moment."""
+        with self._lock:
+            return {peer: (card, self.progress(peer)) for peer, card in sorted(self.cards.items())}
+
+    def refusals(self) -> dict[str, int]:
+        """Cards not taken so far, by reason."""
+        with self._lock:
+            return dict(self.refused)
 
     def to_wait_for(self) -> set[str]:
         """The live peers a round waits for (module docstring): those with standing; while none is live,
         those without it that have not missed a round yet."""
-        with self.lock:
+        with self._lock:
             standing = {peer for peer in self.live if self.book.has_standing(peer)}
             return standing or {peer for peer in self.live if peer not in self._missed}
 
@@ -214,18 +264,18 @@ class Roster:
         waiting for ``min_peers`` would only start a cohort behind it (32 loopback nodes: 11 waited out
         ``wait_for_peers_s`` while the other 21 ran all their rounds, docs/scaling.md)."""
         now = time.time()
-        with self.lock:
+        with self._lock:
             return any(self.progress(peer)[0] >= 1 and self._is_live(peer, now) for peer in self.cards)
 
     def missed(self, peers: set[str]) -> None:
         """``peers`` were waited for and did not deliver: those without standing are not waited for again."""
-        with self.lock:
+        with self._lock:
             self._missed.update(p for p in peers if p in self.cards and not self.book.has_standing(p))
 
     def heard_from(self, peer: str, announcement: BatchAnnouncement) -> None:
         """A roster peer's new announcement passed its checks (signature, freshness): it is alive, at the
         round and policy version it announced."""
-        with self.lock:
+        with self._lock:
             heard = self._heard.get(peer)
             if peer in self.cards and (heard is None or announcement.timestamp > heard.timestamp):
                 self._heard[peer] = announcement
@@ -234,7 +284,7 @@ class Roster:
         """(round, policy version, signed at) from ``peer``'s newest signed message checked here: its card
         or a batch announcement. A card is re-signed only every ``ttl_s`` / 4 (15 s to 112 s), carrying the
         round its node had then; an announcement comes every round."""
-        with self.lock:
+        with self._lock:
             card, heard = self.cards[peer], self._heard.get(peer)
             if heard is not None and heard.timestamp > card.timestamp:
                 return heard.round, heard.policy_version, heard.timestamp
@@ -242,18 +292,18 @@ class Roster:
 
     def reads_of(self, peer: str) -> int:
         """Roster reads so far that took the shard holding ``peer``'s card."""
-        with self.lock:
+        with self._lock:
             return self.shard_reads[dht_rules.roster_shard(peer)]
 
     def knows(self, author: str, holder: str) -> bool:
         """Whether a notice from ``holder`` about ``author``'s batch is worth pulling: only compatible
         peers' batches are (the roster holds no others)."""
-        with self.lock:
+        with self._lock:
             return author in self.cards and holder not in self._incompatible
 
     def members(self) -> list[str]:
         """Peers in the roster, banned ones left out (whom to notify, whose announcements to poll)."""
-        with self.lock:
+        with self._lock:
             return [peer for peer in self.cards if not self.book.is_banned(peer)]
 
     def notice_targets(self, count: int = NOTICE_FANOUT) -> list[str]:

@@ -8,7 +8,7 @@ A peer's batch takes four stages, each handed what it uses and passing its resul
    pulled from a holder, with bounded concurrency, timeouts and back-off;
 3. ``Intake`` (exchange/intake.py): the bytes are verified (the ``Verifier`` re-scores every group) and
    served on;
-4. the pool (``ExchangeState.pool``), from which the round takes J groups.
+4. the pool (``Arrivals``, exchange/arrivals.py), from which the round takes J groups.
 
 This module runs them. The service thread drains the inbox, starts pulls and handles finished ones,
 pulls first and again after each verification (pulls wait on the network, verifying a batch takes CPU).
@@ -17,9 +17,9 @@ until the first pass is done, then every ``roster_page_gap_s``, or FULL_VIEW_PAG
 full, sooner when parked notices ask, at most every ROSTER_MIN_GAP_S; the announcement poll
 every POLL_INTERVAL_S, the floor under notices, of at most MAX_POLL_KEYS members), so a slow DHT delays
 only the next read, never a notice or a pull. The service thread is the only one that calls the
-``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counters); the
-tokenizer is never touched here (verification scores completion *text*); the ``TaskBank`` is the
-verifier's own copy.
+``Verifier`` once the swarm started (it is not thread-safe; the round thread only reads its counts,
+``Verifier.rejected``); the tokenizer is never touched here (verification scores completion *text*); the
+``TaskBank`` is the verifier's own copy.
 
 Every loop is bounded: the thread wakes at least every MAX_IDLE_S, and each wake handles at most
 MAX_RESULTS_PER_WAKE finished pulls; every queue and table a stage keeps has its own cap.
@@ -31,12 +31,13 @@ import logging
 import threading
 import time
 
+from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.inbox import Inbox
 from swarmnode.swarm.exchange.intake import Intake
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.puller import MAX_PENDING, Puller
+from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.net import dht, reachability
 from swarmnode.swarm.net.notices import NOTICE_STREAM, NoticeReceiver
@@ -87,13 +88,15 @@ class ExchangeService:
         roster: Roster,
         verifier: Verifier,
         book: PeerBook,
-        state: ExchangeState,
+        arrivals: Arrivals,
+        trace: ShareTrace,
         origins: OriginCaps | None = None,
         pulls_per_round: int,
     ):
-        """``origins``: the identities one origin network may bring in through notices (this node's
-        ``swarm.identities_per_origin``; None: the defaults). ``pulls_per_round``: K, the round's budget
-        of batches of authors with standing (``puller.pull_budget`` of J)."""
+        """``arrivals``: where verified groups go (the round takes them there); ``trace``: the opt-in
+        share trace. ``origins``: the identities one origin network may bring in through notices (this
+        node's ``swarm.identities_per_origin``; None: the defaults). ``pulls_per_round``: K, the round's
+        budget of batches of authors with standing (``puller.pull_budget`` of J)."""
         self.transport = transport
         self.swarm_id = swarm_id
         self.roster = roster
@@ -103,13 +106,13 @@ class ExchangeService:
         # answers peers' dial-back checks and remembers who failed: peers behind NAT, to offer batches to
         self.dialback = reachability.DialbackServer()
         self.intake = Intake(
-            verifier=verifier, state=state, roster=roster, transport=transport,
+            verifier=verifier, arrivals=arrivals, trace=trace, roster=roster, transport=transport,
             behind_nat=lambda: self.dialback.behind_nat,
         )  # fmt: skip
         self.puller = Puller(
-            verifier=verifier, book=book, roster=roster, state=state, fetch=transport.fetch,
-            on_pulled=self.intake.take, wake=self._wake.set, pulls_per_round=pulls_per_round,
-            client_mode=lambda: transport.client_mode,
+            verifier=verifier, book=book, roster=roster, arrivals=arrivals, trace=trace,
+            fetch=transport.fetch, on_pulled=self.intake.take, wake=self._wake.set,
+            pulls_per_round=pulls_per_round, client_mode=lambda: transport.client_mode,
         )  # fmt: skip
         self.inbox = Inbox(
             roster, self.puller.consider, lambda outcome: self.notices.count(outcome),

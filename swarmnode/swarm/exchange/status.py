@@ -1,7 +1,7 @@
 """A frozen snapshot of a node's swarm: what status.json, ``swarmnode status`` and the metrics read.
 
-``Swarm.status`` takes one from the parts (transport, roster, the exchange's state, standing, the
-verifier's rejections) under the exchange's lock; ``write_status`` replaces ``<run_dir>/status.json``
+``Swarm.status`` takes one from the parts (transport, roster, a snapshot of the arrivals, standing, the
+verifier's rejections), each read at a moment of its own; ``write_status`` replaces ``<run_dir>/status.json``
 with its ``as_dict`` atomically each round. The keys of status.json are what users parse: they stay.
 """
 
@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from swarmnode.common import WriteFailures, atomic_write
+from swarmnode.swarm.exchange.arrivals import ArrivalsSnapshot
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.records import ARRIVAL_BUCKETS_S, ArrivalHistogram
 from swarmnode.swarm.exchange.roster import Roster
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire.protocol import RosterCard
 
@@ -103,21 +103,25 @@ class SwarmStatus:
 
     @classmethod
     def take(
-        cls, *, roster: Roster, state: ExchangeState, book: PeerBook, rejections: Mapping[str, int], **fields,
+        cls, *, roster: Roster, arrivals: ArrivalsSnapshot, book: PeerBook, rejections: Mapping[str, int],
+        **fields,
     ) -> SwarmStatus:  # fmt: skip
-        """From the parts, under the exchange's lock (the caller holds it); ``fields`` are the rest, among
-        them ``connected`` and ``dht``, which ask the daemon and are taken before the lock."""
-        now, counters = time.time(), state.counters
+        """From the parts; ``fields`` are the rest, among them ``connected`` and ``dht``, which ask the
+        daemon."""
+        now, counters = time.time(), arrivals.counters
         return cls(
             updated=now,
-            peers={peer: _peer(roster, book, peer, card, now) for peer, card in sorted(roster.cards.items())},
+            peers={
+                peer: _peer(book, peer, card, progress, now)
+                for peer, (card, progress) in roster.members_progress().items()
+            },
             rollouts=RolloutTotals(
                 counters.batches_published, counters.groups_published, counters.batches_received,
-                counters.groups_accepted, counters.groups_trained, counters.duplicate_groups, len(state.pool),
+                counters.groups_accepted, counters.groups_trained, counters.duplicate_groups, arrivals.pooled,
             ),
             arrival=copy.deepcopy(counters.arrival), rejected=dict(sorted(rejections.items())),
-            fetch_failures=dict(counters.fetch_failures), roster_refused=dict(roster.refused),
-            pulls_by_source=dict(state.pulls_by_source),
+            fetch_failures=dict(counters.fetch_failures), roster_refused=roster.refusals(),
+            pulls_by_source=dict(arrivals.pulls_by_source),
             bans=tuple((p, round(left, 1), n, why) for p, left, n, why in book.bans()), **fields,
         )  # fmt: skip
 
@@ -161,8 +165,10 @@ class SwarmStatus:
         }  # fmt: skip
 
 
-def _peer(roster: Roster, book: PeerBook, peer: str, card: RosterCard, now: float) -> PeerStatus:
-    at_round, policy_version, signed_at = roster.progress(peer)
+def _peer(
+    book: PeerBook, peer: str, card: RosterCard, progress: tuple[int, int, float], now: float
+) -> PeerStatus:
+    at_round, policy_version, signed_at = progress
     return PeerStatus(
         card.model_name, card.tokenizer_fingerprint, policy_version, at_round, round(now - signed_at, 1),
         book.is_banned(peer), book.has_standing(peer),

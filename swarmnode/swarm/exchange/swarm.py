@@ -1,11 +1,11 @@
 """SAPO exchange, the round loop's view of the swarm: publish this node's groups, take J peer groups.
 
 ``Swarm`` is a thin façade: it builds the parts (transport, standing, verifier, roster, announcer, the
-data plane's service and the state they share) and hands each what it uses. Per round (``exchange``)
+data plane's service and the arrivals it fills) and hands each what it uses. Per round (``exchange``)
 the node (1) puts its local groups into one signed RolloutBatch, offers the payload, pushes the signed
 announcement to every roster peer (``net.notices``) and stores it in the DHT; (2) takes from the pool
 that the service (``exchange.service``, beside the round loop) keeps filled with verified peer groups,
-waiting (on ``state.changed``, never past the share deadline) only while the pool lacks J informative
+waiting (``Arrivals.wait_for``, never past the share deadline) only while the pool lacks J informative
 groups that arrived this round and some live peer has not delivered since our last round (peers without
 standing only while no live peer has it, and until their first miss: ``Roster.to_wait_for``); (3) chooses J
 peer groups (``GroupPool.select``: zero-advantage groups dropped after local re-scoring, round-robin
@@ -28,13 +28,13 @@ from swarmnode.config import NodeConfig
 from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.exchange import records
 from swarmnode.swarm.exchange.announcer import Announcer
+from swarmnode.swarm.exchange.arrivals import Arrivals, ArrivalsSnapshot
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.puller import pull_budget
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.service import ExchangeService
 from swarmnode.swarm.exchange.standing import ScoringBudget
-from swarmnode.swarm.exchange.state import ExchangeState
 from swarmnode.swarm.exchange.status import DHTHealth, SwarmStatus, write_status
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.net import dht, notices
@@ -84,10 +84,11 @@ class Swarm:
             copy.deepcopy(bank), self.swarm_id, self.book, max_age_s=self.ttl_s, limits=receive_limits,
             scoring=ScoringBudget(self.book.has_standing),
         )  # fmt: skip
-        self.state = ExchangeState(records.ShareTrace(run_dir))
+        self.arrivals = Arrivals()
+        self.trace = records.ShareTrace(run_dir)
         self.roster = Roster(
             own_peer_id=identity.peer_id, swarm_id=self.swarm_id, fingerprint=bank.fingerprint,
-            book=self.book, ttl_s=self.ttl_s, lock=self.state.lock, changed=self.state.changed,
+            book=self.book, ttl_s=self.ttl_s, on_read=self.arrivals.wake,
             work_bits=cfg.swarm.identity_work_bits, view_size=cfg.swarm.view_size,
         )  # fmt: skip
         self.announcer = Announcer(
@@ -97,7 +98,8 @@ class Swarm:
         )  # fmt: skip
         self.service = ExchangeService(
             transport=self.transport, swarm_id=self.swarm_id, roster=self.roster, verifier=self.verifier,
-            book=self.book, state=self.state, origins=OriginCaps.from_config(cfg.swarm),
+            book=self.book, arrivals=self.arrivals, trace=self.trace,
+            origins=OriginCaps.from_config(cfg.swarm),
             pulls_per_round=pull_budget(cfg.swarm.peer_groups_per_round),
         )  # fmt: skip
         self._stores = ThreadPoolExecutor(1, thread_name_prefix="announce-store")
@@ -115,7 +117,7 @@ class Swarm:
         # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
         self.transport.payloads.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
         self.announcer.start(self.addrs, round_, policy_version)
-        self.state.open_round(round_)
+        self.arrivals.open_round(round_)
         self.service.start()
         return self.addrs
 
@@ -155,34 +157,24 @@ class Swarm:
             stored = dht.put_announcement(
                 self.transport.records, self.swarm_id, self.identity.peer_id, record, _dht_wait(deadline)
             )
-            self.state.trace(
+            self.trace(
                 "publish", round=round_, started=t_start, announced_ts=announcement.timestamp,
                 stored=time.time(), ok=stored, groups=len(groups), bytes=len(data), notified=len(peers),
             )  # fmt: skip
 
         self._stores.submit(store_fallback)
-        with self.state.lock:
-            self.state.counters.batches_published += 1
-            self.state.counters.groups_published += len(groups)
+        self.arrivals.published(len(groups))
 
     def wait_for_peers(self) -> set[str]:
         """Block until ``swarm.min_peers`` live peers are in the roster, a peer has started its rounds (the
         swarm runs already: ``Roster.running_peer``), or ``wait_for_peers_s`` passes."""
         wanted = self.cfg.swarm.min_peers
         deadline = time.monotonic() + self.cfg.swarm.wait_for_peers_s
-        state, roster = self.state, self.roster
-        running = False
-        with state.lock:  # the service reads the roster and notifies ``changed``
-            while not roster.reads and time.monotonic() < deadline:
-                state.changed.wait(max(deadline - time.monotonic(), 0.0))
-            if len(roster.live) < wanted:
-                log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
-            while len(roster.live) < wanted and time.monotonic() < deadline:
-                if running := roster.running_peer():
-                    break
-                self.service.read_roster_soon()  # a page every ROSTER_MIN_GAP_S while peers are missing
-                state.changed.wait(max(deadline - time.monotonic(), 0.0))
-            live = set(roster.live)
+        self.roster.wait_first_read(deadline)  # the service reads the roster
+        if len(self.roster.live_peers()) < wanted:
+            log(f"waiting for {wanted} peer(s) to join (up to {self.cfg.swarm.wait_for_peers_s:.0f}s)")
+        # a roster page every ROSTER_MIN_GAP_S while peers are missing
+        live, running = self.roster.wait_live(wanted, deadline, self.service.read_roster_soon)
         if len(live) < wanted:
             why = "its rounds have begun" if running else f"waited {self.cfg.swarm.wait_for_peers_s:.0f}s"
             log(f"starting with {len(live)} of {wanted} peers: {why}")
@@ -194,63 +186,57 @@ class Swarm:
         t_start = time.time()
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
         self.announcer.set_progress(round_, policy_version)
-        state = self.state
-        state.open_round(round_)
+        self.arrivals.open_round(round_)
         self.publish(round_, policy_version, local, deadline)
-        with state.lock:
-            # The peers to wait for are read once (the service's last roster read): one joining
-            # mid-exchange has no batch for it yet; peers without standing only as ``to_wait_for`` says.
-            # Bounded: each wait ends by the deadline.
-            live = self.roster.to_wait_for()
-            while True:
-                # banned meanwhile, or gone from the roster (an offline card): stop waiting
-                live = {peer for peer in live if peer in self.roster.cards and not self.book.is_banned(peer)}
-                ended_by = _wait_over(live, state, round_, wanted, deadline)
-                if ended_by:
-                    break
-                state.changed.wait(max(deadline - time.monotonic(), 0.0))
-            delivered = len(live & state.settled)
-            self.roster.missed(live - state.settled)
-            state.settled.clear()
-            state.open_round(round_ + 1)  # batches arriving from now on are fresh for our next round
-            chosen = state.pool.select(wanted)
-            state.counters.groups_trained += len(chosen)
-        state.trace(
-            "exchange", round=round_, started=t_start, ended=time.time(), live=len(live), delivered=delivered,
-            ended_by=ended_by,
+        # The peers to wait for are read once (the service's last roster read): one joining mid-exchange
+        # has no batch for it yet; peers without standing only as ``to_wait_for`` says. One banned
+        # meanwhile, or gone from the roster (an offline card), is waited for no more.
+        ended_by, live = self.arrivals.wait_for(
+            self.roster.to_wait_for(), self._still_awaited, round_, wanted, deadline
+        )
+        taken = self.arrivals.take(round_, wanted, live)  # from now on batches are fresh for round + 1
+        self.roster.missed(set(taken.missed))
+        self.trace(
+            "exchange", round=round_, started=t_start, ended=time.time(), live=len(live),
+            delivered=taken.delivered, ended_by=ended_by,
         )  # fmt: skip
-        records.append_peer_groups(self.run_dir, round_, chosen, self.write_failures)
+        records.append_peer_groups(self.run_dir, round_, taken.groups, self.write_failures)
         self.write_status(round_, policy_version)
-        return chosen
+        return taken.groups
+
+    def _still_awaited(self, peer: str) -> bool:
+        """Whether the round still waits for ``peer``: in the roster and not banned."""
+        return self.roster.holds(peer) and not self.book.is_banned(peer)
 
     def status(self, round_: int, policy_version: int) -> SwarmStatus:
-        """A frozen snapshot of this node's swarm: what status.json and the metrics read. The daemon is
-        asked before the exchange's lock is taken: the service thread pools under it."""
+        """A frozen snapshot of this node's swarm: what status.json and the metrics read."""
         connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
-        with self.state.lock:
-            return self._snapshot(round_, policy_version, connected, dht)
+        arrivals, rejections = self.arrivals.snapshot(), self.verifier.rejected()
+        return self._snapshot(round_, policy_version, connected, dht, arrivals, rejections)
 
-    def _snapshot(self, round_: int, policy_version: int, connected: int, dht: DHTHealth) -> SwarmStatus:
-        """``status`` with the daemon's answers given; the caller holds the state lock."""
+    def _snapshot(
+        self, round_: int, policy_version: int, connected: int, dht: DHTHealth, arrivals: ArrivalsSnapshot,
+        rejections: dict[str, int],
+    ) -> SwarmStatus:  # fmt: skip
+        """``status`` with the daemon's answers, the arrivals and the rejections given."""
         return SwarmStatus.take(
             peer_id=self.identity.peer_id, swarm_id=self.swarm_id, addrs=self.addrs, round=round_,
             policy_version=policy_version, model=self.policy.name,
             tokenizer=self.policy.tokenizer_fingerprint, connected=connected, dht=dht, roster=self.roster,
-            state=self.state, book=self.book, rejections=self.verifier.rejections,
+            arrivals=arrivals, book=self.book, rejections=rejections,
             notices=self.service.notices.snapshot(), disk_write_failures=self.write_failures.count,
             client_mode=self.transport.client_mode, reachability=self.transport.reachability,
         )  # fmt: skip
 
     def round_counts(self) -> records.PeerRoundCounts:
         """Peer traffic since the last call, for the round's metrics record. status.json is rewritten
-        from the same moment, under the same lock, so its totals are always the sum of the records' (the
-        exchange's write comes before the round's training, while batches still arrive)."""
+        from the same snapshots (the arrivals', the rejections'), so its totals are always the sum of the
+        records' (the exchange's write comes before the round's training, while batches still arrive)."""
         connected, dht = self.transport.connected_peer_count(), DHTHealth.of(self.transport)
-        with self.state.lock:
-            traffic = records.traffic_totals(self.transport.counts(), self.service.notices.snapshot())
-            counts = self._round_counts.take(self.state.counters, self.verifier.rejections, traffic)
-            status = self._snapshot(*self._status_at, connected, dht)
-        self._publish(status)
+        arrivals, rejections = self.arrivals.snapshot(), self.verifier.rejected()
+        traffic = records.traffic_totals(self.transport.counts(), self.service.notices.snapshot())
+        counts = self._round_counts.take(arrivals.counters, rejections, traffic)
+        self._publish(self._snapshot(*self._status_at, connected, dht, arrivals, rejections))
         return counts
 
     def write_status(self, round_: int, policy_version: int) -> None:
@@ -275,18 +261,3 @@ def _dht_wait(deadline: float | None) -> float | None:
     own timeout) without one. A peer that died or a congested DHT can make each call wait its full
     timeout; within an exchange they share the share deadline instead of adding to it."""
     return None if deadline is None else max(deadline - time.monotonic(), MIN_DHT_WAIT_S)
-
-
-def _wait_over(live: set[str], state: ExchangeState, round_: int, wanted: int, deadline: float) -> str:
-    """Why a round's wait for peers ends now, or "" while it goes on (the share trace records it): no
-    peer to wait for, every awaited peer settled, the pool can fill J, the round's pull budget is spent
-    (nothing more comes), or the share deadline passed. The caller holds the state lock."""
-    if not live:
-        return "nobody"
-    if live <= state.settled:
-        return "settled"
-    if state.pool.can_fill(wanted, since_round=round_):
-        return "filled"
-    if state.pulls_done_round >= round_:
-        return "budget"
-    return "deadline" if time.monotonic() >= deadline else ""

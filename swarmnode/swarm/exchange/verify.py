@@ -1,53 +1,42 @@
 """Verification of what peers send: trust nothing but the completion text.
 
-Two entry points, one per channel, each cheapest check first:
+Two entry points, one per channel, each cheapest check first (the order is the code's):
 
-``check_announcement(record, subkey_peer)`` for a ``BatchAnnouncement`` read from the DHT:
-banned subkey? -> size cap, decode and signature (the subkey must be the signer) -> freshness ->
-sequence number (a record read twice is a silent duplicate; an older one is a ``replay``). A record
-rejected once is not counted again when the next poll reads it again (unless the reason can change:
-``banned``, ``stale``).
+- ``check_announcement(record, subkey_peer)``, a ``BatchAnnouncement`` read from the DHT or carried by a
+  notice: ban, size, signature by the subkey's peer, freshness, sequence number (a record read twice is a
+  silent duplicate, an older one a ``replay``). A record rejected for a reason that cannot change is not
+  counted again when the next poll reads it again.
+- ``check_batch(announcement, data, stream_peer)``, the ``RolloutBatch`` pulled from any holder (its
+  author or a peer that verified it): ban, already accepted, rate limit, length and sha256 against the
+  announcement, signature, freshness, sequence number, log-probs in range, token ids in this node's
+  vocabulary (when the batch claims its tokenizer), task refs in its mix; each group cut to what this node
+  samples itself (its first G completions; a text over ``max_new_tokens`` x TEXT_BYTES_PER_TOKEN bytes
+  drops the group, unscored and uncharged: ``over_cap``); every question regenerated and every completion
+  scored here within the scoring budget (``ReceiveLimits``, ``over_budget``); the claimed rewards must
+  agree. Out come ``RolloutGroup``s with rewards computed here; the peer's token ids and log-probs are
+  kept, and the learner uses them only where its ids equal its own (``learn.batch.to_sequences``).
 
-``check_batch(announcement, data, stream_peer)`` for the ``RolloutBatch`` pulled from any holder (the
-announcer or a peer that verified it): banned? -> payload already accepted? -> rate limit -> length, sha256,
-decode, signature and consistency with the announcement -> freshness -> sequence number (a batch signed
-with a seq not above the sender's last one is a ``replay``) -> per-token log-probs in range ->
-token ids below this node's vocabulary size (when the batch claims this node's tokenizer) -> every task
-ref in this node's mix -> each group is cut to what this node samples itself: its first G completions
-are kept (G = this node's ``completions_per_question``), and a group with a text longer than
-``max_new_tokens`` x ``TEXT_BYTES_PER_TOKEN`` bytes is dropped unscored, uncharged (``over_cap``: an
-honest peer may run a larger config) -> regenerate each question and score every
-completion with this node's own verifier, within the scoring budget (``ReceiveLimits``: CPU seconds of
-the verifying thread and wall seconds; an overrun rejects the batch as ``over_budget``, charged when the
-CPU budget ran out) -> claimed rewards agree with the recomputed task scores. Any other failure rejects
-the whole batch. What comes out are ``RolloutGroup``s with provenance ``source="peer"``, rewards
-computed here, and the peer's token ids and log-probs unchanged: the learner re-tokenizes the text and
-uses the peer's log-probs only where its ids equal its own (``learn.batch.to_sequences``).
+Claimed rewards are *task scores*, without any format bonus, so nodes with different
+``tasks.format_reward`` agree on them, and an honest peer never disagrees: a disagreement is a strike.
+What a batch can cost is bounded: decoding is linear in its <= 4 MiB, and scoring stops within one answer
+of the budget, since only audited datasets (``tasks.AUDITED_DATASETS``) may be in a swarm node's mix,
+each under ~10 ms an answer at its answer cap (``tests/unit/test_scorer_audit.py``).
 
-What a batch can cost: decoding is linear in its <= 4 MiB; the answer the scorer sees is capped per
-dataset (``tasks.answer_char_limit``) and each audited scorer stays under ~10 ms per answer at its cap
-(``tests/unit/test_scorer_audit.py``), so scoring stops within one answer of the budget. Only audited
-datasets may be in a swarm node's mix (``tasks.AUDITED_DATASETS``).
+Who is charged (PROTOCOL.md section 6): only a peer that provably sent the offending bytes. Rejected DHT
+records charge nobody (anyone can write any subkey, and old records can be written back); bytes that do
+not match the announcement charge the stream peer that sent them (``hash_mismatch``); every other
+rejection charges the author, whose signature the bytes carry, except ``stale`` (clocks, our own delays)
+and ``internal_error`` (our fault). Rate limits count the author's batches.
 
-Claimed rewards on the wire are *task scores*: the dataset's own score, without any format bonus, so
-nodes with different ``tasks.format_reward`` settings agree on them. An honest peer (same
-reasoning-gym) never disagrees with the recomputed score, so a disagreement is a strike.
-
-Who is charged (PROTOCOL.md section 6, last note): only a peer that provably sent the offending bytes.
-DHT records can be written under any subkey by anyone, and old signed records can be written back, so
-rejected announcements are counted but charge nobody. Bytes that do not match the announced length and
-sha256 (``hash_mismatch``) charge the stream peer that sent them; bytes that match are the ones the
-author signed for, so every other rejection charges the author, whoever held them, except ``stale``
-(clocks and our own delays) and ``internal_error`` (our fault). Rate limits count the author's batches.
-
-Nothing here raises on bad input: every path returns None or [] and counts one reason in
-``rejections`` (Prometheus label values: ``REJECT_REASONS`` from the protocol plus ``VERIFY_REASONS``).
-Not thread-safe: call a ``Verifier`` from one thread (the ``PeerBook`` itself may be shared).
+Nothing here raises on bad input: every path returns None or [] and counts one reason (Prometheus label
+values: ``REJECT_REASONS`` from the protocol plus ``VERIFY_REASONS``). Not thread-safe: one thread calls a
+``Verifier`` (the ``PeerBook`` may be shared); other threads read the counts through ``rejected``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -204,7 +193,8 @@ class Verifier:
         self.clock = clock
         self.reward_tolerance = reward_tolerance
         self.max_age_s = max_age_s
-        self.rejections: Counter[str] = Counter()
+        self.rejections: Counter[str] = Counter()  # read by other threads through ``rejected``
+        self._rejections_lock = threading.Lock()
         self.accepted_groups = 0
         self.accepted_batches = 0
         self._accepted: BoundedSet[bytes] = BoundedSet(_ACCEPTED_DIGESTS)
@@ -415,12 +405,19 @@ class Verifier:
         return groups
 
     # --- bookkeeping -----------------------------------------------------------------------------
+    def rejected(self) -> dict[str, int]:
+        """Rejections so far, by reason (a copy: safe to take from any thread)."""
+        with self._rejections_lock:
+            return dict(self.rejections)
+
     def _count(self, reason: str, peer: object, detail: str = "") -> None:
-        self.rejections[reason] += 1
+        with self._rejections_lock:
+            self.rejections[reason] += 1
         log.debug("rejected data from %r: %s%s", peer, reason, f" ({detail})" if detail else "")
 
     def _internal_error(self, peer: object) -> None:
-        self.rejections["internal_error"] += 1
+        with self._rejections_lock:
+            self.rejections["internal_error"] += 1
         if not self._internal_errors_logged:
             self._internal_errors_logged = True
             log.warning(
@@ -437,6 +434,6 @@ class Verifier:
         return {
             "accepted_batches": self.accepted_batches,
             "accepted_groups": self.accepted_groups,
-            "rejections": dict(self.rejections),
-            "rejected_total": sum(self.rejections.values()),
+            "rejections": self.rejected(),
+            "rejected_total": sum(self.rejected().values()),
         }

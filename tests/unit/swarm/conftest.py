@@ -28,10 +28,10 @@ def world(tmp_path, bank, monkeypatch):
     net, swarm_id = parts.net, parts.swarm_id
     service = ExchangeService(
         transport=net, swarm_id=swarm_id, roster=parts.roster, verifier=parts.verifier, book=parts.book,
-        state=parts.state, pulls_per_round=puller.pull_budget(WORLD_PEER_GROUPS),
+        arrivals=parts.arrivals, trace=parts.trace, pulls_per_round=puller.pull_budget(WORLD_PEER_GROUPS),
     )  # fmt: skip
     world = SimpleNamespace(
-        net=net, state=parts.state, roster=parts.roster, verifier=parts.verifier, book=parts.book,
+        net=net, arrivals=parts.arrivals, roster=parts.roster, verifier=parts.verifier, book=parts.book,
         service=service, swarm_id=swarm_id,
         authors=lambda n, standing=False, **kw: _authors(parts, bank, n, standing, **kw),
         start=lambda: _start(service),

@@ -48,7 +48,7 @@ def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(wor
         _, data = author.publish()
         sizes[author.peer_id] = len(data)
     world.start()
-    assert wait_until(lambda: received(world) == n, 20), world.state.counters
+    assert wait_until(lambda: received(world) == n, 20), world.arrivals.snapshot().counters
     assert world.net.max_in_flight == puller.MAX_PARALLEL_PULLS
     assert {(peer, timeout) for peer, _, timeout in world.net.calls} == {
         (peer, puller.pull_timeout_s(size)) for peer, size in sizes.items()
@@ -67,12 +67,13 @@ def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again
     assert wait_until(lambda: received(world) == 3, 5)
     silent_start, silent_timeout = world.net.calls[0][1:]
     assert time.monotonic() < silent_start + silent_timeout  # in while the silent pull still hangs
-    assert wait_until(lambda: world.state.settled >= {silent.peer_id}, 15)  # given up after its tries
+    settled = lambda: world.arrivals.snapshot().settled  # noqa: E731
+    assert wait_until(lambda: settled() >= {silent.peer_id}, 15)  # given up after its tries
     tries = [(start, timeout) for peer, start, timeout in world.net.calls if peer == silent.peer_id]
     assert len(tries) == puller.MAX_FETCH_ATTEMPTS == 2
     (first, timeout), (second, _) = tries
     assert second >= first + timeout + puller.BACKOFF_BASE_S - 0.05  # not before its back-off ended
-    assert world.state.counters.fetch_failures == {"timeout": 2}
+    assert world.arrivals.snapshot().counters.fetch_failures == {"timeout": 2}
 
 
 def test_back_off_doubles_per_failure_up_to_its_cap(world):
@@ -96,8 +97,8 @@ def test_a_holder_serves_the_batch_when_its_author_is_unreachable(world):
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     assert world.service.inbox.add_notice(record, author.peer_id, holder.peer_id)
     assert wait_until(lambda: received(world) == 1, 10)
-    assert world.state.pulls_by_source == {"holder": 1}
-    assert world.state.counters.groups_accepted > 0  # verified against the author's signature
+    assert world.arrivals.snapshot().pulls_by_source == {"holder": 1}
+    assert world.arrivals.snapshot().counters.groups_accepted > 0  # verified against the author's signature
     digest = codec.decode_message(record, swarm_id=world.swarm_id)[0].payload_sha256
     assert world.net.held == [digest]  # and now served on by this node too
 
@@ -124,12 +125,12 @@ def test_behind_nat_a_holders_offer_after_the_authors_pull_failed_is_still_pulle
     author, holder = world.authors(2)
     record = _author_tried_in_vain(world, author, behind_nat)
     time.sleep(0.5)  # the reachable peer's pull and verification
-    assert (author.peer_id in world.state.settled) is not behind_nat
+    assert (author.peer_id in world.arrivals.snapshot().settled) is not behind_nat
     world.service.inbox.add_notice(record, author.peer_id, holder.peer_id)
     if behind_nat:
         assert wait_until(lambda: received(world) == 1, 10)
-        assert world.state.pulls_by_source == {"holder": 1}
-        assert world.state.settled == {author.peer_id}
+        assert world.arrivals.snapshot().pulls_by_source == {"holder": 1}
+        assert world.arrivals.snapshot().settled == {author.peer_id}
     else:
         time.sleep(1.0)
         assert received(world) == 0 and not world.service.puller.pending
@@ -140,7 +141,7 @@ def test_behind_nat_a_batch_no_one_offers_is_given_up_after_the_holder_wait(worl
     (author,) = world.authors(1)
     _author_tried_in_vain(world, author, behind_nat=True)
     failed = time.monotonic()
-    assert wait_until(lambda: author.peer_id in world.state.settled, 5)
+    assert wait_until(lambda: author.peer_id in world.arrivals.snapshot().settled, 5)
     assert time.monotonic() - failed >= 0.5 - 0.05 and not world.service.puller.pending
 
 
@@ -149,9 +150,9 @@ def test_a_batch_published_while_the_round_loop_is_busy_is_pooled_before_the_exc
     world.start()
     assert wait_until(lambda: author.peer_id in world.roster.live, 5)
     author.publish()  # while this node is "training": nobody takes from the pool
-    assert wait_until(lambda: world.state.pool.can_fill(1, since_round=0), 5)
-    assert world.state.settled == {author.peer_id}  # a round would not wait for it
-    chosen = world.state.pool.select(4)
+    assert wait_until(lambda: world.arrivals.snapshot().pooled > 0, 5)
+    assert world.arrivals.snapshot().settled == {author.peer_id}  # a round would not wait for it
+    chosen = world.arrivals.take(0, 4, {author.peer_id}).groups
     assert chosen and all(g.provenance.producer == author.peer_id for g in chosen)
 
 

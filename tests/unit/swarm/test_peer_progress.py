@@ -10,7 +10,9 @@ CARD_AGE_S = 10.0  # the card a peer signed at start; it is re-signed only every
 
 
 def _status(world) -> SwarmStatus:
-    return SwarmStatus.take(roster=world.roster, state=world.state, book=world.book, rejections={})
+    return SwarmStatus.take(
+        roster=world.roster, arrivals=world.arrivals.snapshot(), book=world.book, rejections={}
+    )
 
 
 def _announce(world, author) -> None:

@@ -14,17 +14,20 @@ import time
 
 from swarmnode.experiment.waiting import wait_until
 from swarmnode.swarm.exchange import fanout, puller
+from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
-from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.standing import PROBATION_PENDING
-from swarmnode.swarm.exchange.state import ExchangeState
-from swarmnode.swarm.exchange.swarm import _wait_over
 from swarmnode.swarm.net.reachability import HOLDER_OFFER_FANOUT
 from swarmnode.swarm.wire import codec
 from tests.helpers.scripted_net import received
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
 
 SWARM_OVER_BUDGET = 5  # the swarm in these tests is this many times the pull budget
+
+
+def _pulls_done(world) -> int:
+    """The last round whose pulls are done (-1: none yet)."""
+    return world.arrivals.snapshot().pulls_done_round
 
 
 def pulled_authors(world) -> list[str]:
@@ -38,19 +41,19 @@ def test_a_round_pulls_at_most_k_batches_of_authors_with_standing_and_drops_the_
     for author in authors:
         author.publish()
     world.start()
-    assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
+    assert wait_until(lambda: _pulls_done(world) == 0, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)  # three more polls (the world's interval) find every batch again
     assert len(world.net.calls) == received(world) == budget  # the old code pulled all of them
     assert world.service.puller.dropped["round_budget"] == (SWARM_OVER_BUDGET - 1) * budget
     assert not world.service.puller.pending
 
     # the next round has a budget of its own, for new batches; the dropped ones are never pulled
-    world.state.open_round(1)
+    world.arrivals.open_round(1)
     fresh = set()
     for author in authors:
         record, _ = author.publish()
         fresh.add(codec.decode_message(record, swarm_id=world.swarm_id)[0].payload_sha256)
-    assert wait_until(lambda: world.state.pulls_done_round == 1, 20), world.state.counters
+    assert wait_until(lambda: _pulls_done(world) == 1, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)
     assert len(world.net.fetched) == 2 * budget
     assert set(world.net.fetched[budget:]) <= fresh  # only this round's batches
@@ -63,7 +66,7 @@ def test_within_the_budget_the_freshest_batches_are_pulled(world):
         author.publish()
         time.sleep(0.02)
     world.start()
-    assert wait_until(lambda: world.state.pulls_done_round == 0, 20)
+    assert wait_until(lambda: _pulls_done(world) == 0, 20)
     assert set(pulled_authors(world)) == {a.peer_id for a in authors[-2:]}
 
 
@@ -74,8 +77,8 @@ def test_the_round_is_told_only_once_the_budgets_last_pull_has_ended(world):
         author.publish()
     world.start()
     assert wait_until(lambda: len(world.net.calls) == 2, 10)
-    assert world.state.pulls_done_round == -1  # both pulls still in flight: more may arrive
-    assert wait_until(lambda: world.state.pulls_done_round == 0, 10)
+    assert _pulls_done(world) == -1  # both pulls still in flight: more may arrive
+    assert wait_until(lambda: _pulls_done(world) == 0, 10)
     assert received(world) == 2
 
 
@@ -86,7 +89,7 @@ def test_authors_without_standing_are_not_charged_to_the_budget(world):
     for author in authors:
         author.publish()
     world.start()
-    assert wait_until(lambda: received(world) == 4, 20), world.state.counters
+    assert wait_until(lambda: received(world) == 4, 20), world.arrivals.snapshot().counters
     assert world.service.puller.dropped["round_budget"] == 0
     assert not world.service.puller.budget.round_spent()
 
@@ -103,12 +106,12 @@ def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_num
         author.publish()
     world.start()
     share = budget.k
-    assert wait_until(lambda: received(world) == share, 20), world.state.counters
+    assert wait_until(lambda: received(world) == share, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)  # three more polls: nothing more this round
     assert len(world.net.calls) == received(world) == share  # the old code: all 40
     assert len(world.service.puller.pending) == min(len(newcomers) - share, PROBATION_PENDING)
-    world.state.open_round(1)  # the service thread starts the next share (only it may start pulls)
-    assert wait_until(lambda: received(world) == 2 * share, 20), world.state.counters
+    world.arrivals.open_round(1)  # the service thread starts the next share (only it may start pulls)
+    assert wait_until(lambda: received(world) == 2 * share, 20), world.arrivals.snapshot().counters
 
 
 def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
@@ -158,30 +161,30 @@ def test_a_batch_of_the_last_wave_heard_of_late_never_takes_this_rounds_budget(w
     assert wait_until(lambda: received(world) == 2, 20)  # round 0's two pulls
     late_records = [author.publish(announce=False)[0] for author in late]  # announced in round 0 ...
     time.sleep(0.05)
-    world.state.open_round(1)  # ... and the round ends before anyone hears of them
+    world.arrivals.open_round(1)  # ... and the round ends before anyone hears of them
     time.sleep(0.05)
     for author in fresh:
         world.book.reward(author.peer_id)
         author.publish()
     for author, record in zip(late, late_records, strict=True):  # heard of now, by a late notice
         assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
-    assert wait_until(lambda: received(world) == 4, 20), world.state.counters
+    assert wait_until(lambda: received(world) == 4, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)  # three more polls: nothing else is pulled
     assert pulled_authors(world)[2:] and set(pulled_authors(world)[2:]) == {a.peer_id for a in fresh}
     assert world.service.puller.dropped["round_budget"] == 2  # the last wave's, though its window had room
 
 
-def test_the_rounds_wait_says_what_ended_it(tmp_path):
+def test_the_rounds_wait_says_what_ended_it():
     """The share trace's ``ended_by`` (benchmarks.swarm_latency counts it for rounds short of J)."""
-    state = ExchangeState(ShareTrace(tmp_path))
-    later, past = time.monotonic() + 60, time.monotonic() - 1
-    assert _wait_over(set(), state, 0, 4, later) == "nobody"
-    assert _wait_over({"a", "b"}, state, 0, 4, later) == ""
-    assert _wait_over({"a", "b"}, state, 0, 4, past) == "deadline"
-    state.pulls_done_round = 0
-    assert _wait_over({"a", "b"}, state, 0, 4, later) == "budget"
-    state.settled |= {"a", "b"}
-    assert _wait_over({"a", "b"}, state, 0, 4, later) == "settled"
+    arrivals, always = Arrivals(), lambda peer: True
+    later, soon = time.monotonic() + 60, time.monotonic() + 0.1
+    assert arrivals.wait_for(set(), always, 0, 4, later) == ("nobody", set())
+    assert arrivals.wait_for({"a", "b"}, lambda peer: peer == "a", 0, 4, soon) == ("deadline", {"a"})
+    arrivals.pulls_done(0)
+    assert arrivals.wait_for({"a", "b"}, always, 0, 4, later)[0] == "budget"
+    arrivals.settle("a")
+    arrivals.settle("b")
+    assert arrivals.wait_for({"a", "b"}, always, 0, 4, later)[0] == "settled"
 
 
 def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_times_their_fanout(world):
@@ -197,7 +200,7 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
         assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
     world.service.dialback.behind_nat = frozenset(peer.peer_id for peer in behind_nat)
     world.start()
-    assert wait_until(lambda: world.state.pulls_done_round == 0, 20), world.state.counters
+    assert wait_until(lambda: _pulls_done(world) == 0, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)
     assert received(world) == budget
     assert world.net.notices_sent == budget * HOLDER_OFFER_FANOUT
@@ -214,10 +217,10 @@ def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
     world.net.behaviour[tried.peer_id] = "tamper"
     tried.publish()
     world.start()
-    assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.state.counters
+    assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.arrivals.snapshot().counters
     for author in others:
         author.publish()
-    assert wait_until(lambda: received(world) == share - 1, 20), world.state.counters
+    assert wait_until(lambda: received(world) == share - 1, 20), world.arrivals.snapshot().counters
     assert budget.exploration_spent() and not world.book.has_standing(tried.peer_id)
     tried.publish()
     assert wait_until(lambda: pulled_authors(world).count(tried.peer_id) == 2, 20), world.net.calls

@@ -21,7 +21,8 @@ SWARM = "stages"
 
 def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
     parts = data_plane_parts(tmp_path, bank, SWARM)
-    net, book, state, verifier, roster = parts.net, parts.book, parts.state, parts.verifier, parts.roster
+    net, book, arrivals, roster = parts.net, parts.book, parts.arrivals, parts.roster
+    verifier = parts.verifier
     candidates: list[Candidate] = []
     pulled: list[Pulled] = []
     notice_outcomes: list[str] = []  # the notice receiver's counts: unknown_author when dropped
@@ -29,10 +30,13 @@ def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
         roster, candidates.append, notice_outcomes.append, read_roster_soon=lambda: None, wake=lambda: None
     )
     puller = Puller(
-        verifier=verifier, book=book, roster=roster, state=state, fetch=net.fetch, on_pulled=pulled.append,
-        wake=lambda: None, pulls_per_round=8, client_mode=lambda: False,
+        verifier=verifier, book=book, roster=roster, arrivals=arrivals, trace=parts.trace, fetch=net.fetch,
+        on_pulled=pulled.append, wake=lambda: None, pulls_per_round=8, client_mode=lambda: False,
     )  # fmt: skip
-    intake = Intake(verifier=verifier, state=state, roster=roster, transport=net, behind_nat=frozenset)
+    intake = Intake(
+        verifier=verifier, arrivals=arrivals, trace=parts.trace, roster=roster, transport=net,
+        behind_nat=frozenset,
+    )  # fmt: skip
     author = Author(net, SWARM, bank)
     record, _ = author.publish(announce=False)  # known only from its notice
 
@@ -58,11 +62,12 @@ def test_a_notice_becomes_pooled_groups_stage_by_stage(tmp_path, bank):
 
     # 3. intake: verified against the author's signature, re-scored, pooled, served on, author settled
     intake.take(pulled[0])
-    assert state.counters.batches_received == 1 and state.counters.groups_accepted == len(state.pool) > 0
-    assert state.settled == {author.peer_id} and net.held == [digest]
+    now = arrivals.snapshot()
+    assert now.counters.batches_received == 1 and now.counters.groups_accepted == now.pooled > 0
+    assert now.settled == {author.peer_id} and net.held == [digest]
 
     # 4. pool: the round's J groups, all the author's
-    chosen = state.pool.select(2)
+    chosen = arrivals.take(0, 2, {author.peer_id}).groups
     assert chosen and {g.provenance.producer for g in chosen} == {author.peer_id}
 
     # the same announcement again is never pulled twice

@@ -64,11 +64,10 @@ def test_512_silent_sybil_authors_starve_no_honest_batch(world, bank):
     for author in honest:
         record, _ = author.publish(announce=False)
         notify(world, record, author.peer_id, author.peer_id)
-    assert wait_until(lambda: received(world) == len(honest), 5), world.state.counters
+    assert wait_until(lambda: received(world) == len(honest), 5), world.arrivals.snapshot().counters
     print(f"\n7 honest batches pulled {time.monotonic() - started:.2f} s after a flood of {SYBILS} Sybils")
     pulls = world.service.puller
-    with world.state.lock:
-        assert world.state.counters.groups_accepted > 0
+    assert world.arrivals.snapshot().counters.groups_accepted > 0
     on_probation = [key for key in pulls.pending if not world.book.has_standing(key[0])]
     assert len(on_probation) <= PROBATION_PENDING
     assert pulls.dropped["probation_full"] > 0  # the newest were dropped, counted
@@ -130,7 +129,7 @@ def test_a_tampering_holder_is_charged_and_the_next_holder_serves_the_batch(worl
     assert world.book.snapshot()["peers"][tamperer.peer_id]["strikes"] == 1
     asked = [call[0] for call in world.net.calls]
     assert asked.index(tamperer.peer_id) < asked.index(holder.peer_id) and asked[-1] == holder.peer_id
-    assert world.state.pulls_by_source == {"holder": 1}
+    assert world.arrivals.snapshot().pulls_by_source == {"holder": 1}
 
 
 def test_a_poll_reads_a_bounded_page_of_the_roster_and_covers_it_in_turn(world):

@@ -37,8 +37,9 @@ def test_roster_refusals_reach_prometheus_by_reason(tmp_path, bank):
     parts = data_plane_parts(tmp_path, bank)
     parts.roster.admit(Identity.generate().peer_id, b"\xc1 not a card", time.time())
     parts.roster.admit(Identity.generate().peer_id, b"\xc1 nor this", time.time())
-    with parts.state.lock:
-        status = SwarmStatus.take(roster=parts.roster, state=parts.state, book=parts.book, rejections={})
+    status = SwarmStatus.take(
+        roster=parts.roster, arrivals=parts.arrivals.snapshot(), book=parts.book, rejections={}
+    )
     assert status.roster_refused == {"malformed": 2}
     collector = NodeCollector({})
     collector.observe_swarm(status)

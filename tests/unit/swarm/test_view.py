@@ -42,7 +42,7 @@ def _roster(world, view_size: int) -> Roster:
     r = world.roster
     return Roster(
         own_peer_id=r.own_peer_id, swarm_id=r.swarm_id, fingerprint=r.fingerprint, book=r.book, ttl_s=r.ttl_s,
-        lock=r.lock, changed=r.changed, view_size=view_size,
+        view_size=view_size,
     )  # fmt: skip
 
 
