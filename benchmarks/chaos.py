@@ -1,7 +1,7 @@
 """Chaos: a tiny-model swarm while nodes are killed, checkpoints corrupted, a disk fills and a clock jumps.
 
 The driver, shared with the short version in tests/integration/test_chaos.py, is
-``swarmnode/experiment/chaos.py``: its docstring says what runs and what must hold. Exits 1 on a problem.
+``benchmarks/reliability/chaos.py``: its docstring says what runs and what must hold. Exits 1 on a problem.
 
     sudo .venv/bin/python -m benchmarks.chaos --nodes 8 --rounds 12 --kills 4 --json runs/chaos/report.json
 """
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.experiment.chaos import run_chaos
+from benchmarks.reliability.chaos import run_chaos
 
 
 def main() -> int:

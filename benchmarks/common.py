@@ -1,6 +1,6 @@
 """What the experiment scripts share among themselves: run bookkeeping and clean-up. What they share with
 the tests (starting nodes, reading their logs, the soak and chaos drivers, the report statistics) is in
-``swarmnode.experiment``; machine info is ``benchmarks.machine``.
+``benchmarks.harness`` and the study sub-packages; machine info is ``benchmarks.machine``.
 
 Scripts run as modules from the repository root (``python -m benchmarks.X``) and never import ``tests``.
 """
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from swarmnode.experiment.processes import NodeProc
+from benchmarks.harness.processes import NodeProc
 
 
 def drop_checkpoints(run_dirs: list[Path]) -> None:

@@ -1,7 +1,7 @@
 """What sharing buys: SAPO's local/peer table, off-policy corrections and specialists, over seeds, with
 real nodes.
 
-Every arm (``swarmnode/experiment/arms.py``: silo, silo-L, L/E splits, the off-policy arms and, with
+Every arm (``benchmarks/sharing/arms.py``: silo, silo-L, L/E splits, the off-policy arms and, with
 ``--specialise A B``, spec-silo, spec-L/E and generalist-silo) runs ``--nodes`` real ``swarmnode`` processes
 on 127.0.0.1, one torch thread each, on the same config; seed s gives node i the question stream
 ``tasks.seed = 1000 s + i`` and ``train.seed = s`` in every arm, so arms compare paired by seed. Question
@@ -17,7 +17,7 @@ held-out questions, greedy, every k rounds, in every arm; its ``probe.jsonl`` li
 Each (arm, seed) runs on its own in ``--workdir/<arm>/seed-<s>/`` and, once every node has done its
 rounds, its final checkpoints are scored on ``--eval-per-task`` held-out questions per task (``swarmnode
 eval``'s code) and a small summary is written to ``--summaries/<arm>-seed<s>.json``
-(``swarmnode/experiment/sapo_report.py``); then the checkpoints (1.6 GB each) are deleted unless
+(``benchmarks/sharing/sapo_report.py``); then the checkpoints (1.6 GB each) are deleted unless
 ``--keep-checkpoints``. Parts started side by side evaluate one at a time (``runs/evaluation.lock``): two
 evaluations at once only contend for the cores. An (arm, seed) whose summary exists is skipped unless
 ``--fresh``, so the experiment runs in parts, days apart. ``--report-only`` builds the SAPO table from
@@ -44,9 +44,9 @@ from pathlib import Path
 
 from benchmarks.common import behind_other_sessions, drop_checkpoints, one_at_a_time, record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.experiment.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
-from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
-from swarmnode.experiment.sapo_report import (
+from benchmarks.sharing.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
+from benchmarks.sharing.sapo_report import (
     ROUND_FIELDS,
     dump,
     load_summaries,

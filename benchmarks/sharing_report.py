@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from swarmnode.experiment.sapo_report import write_report
-from swarmnode.experiment.sharing_report import BLOCKS, EXPERIMENTS, FOLDERS, load_experiment
+from benchmarks.sharing.sapo_report import write_report
+from benchmarks.sharing.report import BLOCKS, EXPERIMENTS, FOLDERS, load_experiment
 
 REPO = Path(__file__).resolve().parents[1]
 

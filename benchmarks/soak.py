@@ -1,7 +1,7 @@
 """Soak: many tiny nodes for many rounds on one machine; memory and open files must stay flat.
 
 The driver, shared with the short version in tests/integration/test_soak.py, is
-``swarmnode/experiment/soak.py``: its docstring says what runs and what must hold. Exits 1 on a problem.
+``benchmarks/reliability/soak.py``: its docstring says what runs and what must hold. Exits 1 on a problem.
 
     .venv/bin/python -m benchmarks.soak --nodes 16 --rounds 50 --json runs/soak/report.json
 """
@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.experiment.processes import REPO
-from swarmnode.experiment.soak import check, run_soak
+from benchmarks.harness.processes import REPO
+from benchmarks.reliability.soak import check, run_soak
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ metrics.jsonl; once all nodes finish, the two are joined:
   bytes in and out per round (its metrics.jsonl ``peer_*`` counts), averaged over nodes, and the share
   of rounds that trained on J peer groups (and what ended the wait of those that did not): what must
   stay flat as the swarm grows (#27); and whether the nodes formed one swarm or cohorts
-  (swarmnode/experiment/cohorts.py).
+  (benchmarks/harness/cohorts.py).
 - share of round = sum(seconds_share) / sum(seconds_total) per node, averaged over nodes; "net share"
   subtracts from seconds_share the time the node was only waiting for the last peer of the round to
   publish at all (a straggler still sampling), which no network can remove.
@@ -55,8 +55,8 @@ from pathlib import Path
 from benchmarks.common import record_exit, wait_all
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.config import load_config
-from swarmnode.experiment.cohorts import cohorts
-from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node, stop_all
+from benchmarks.harness.cohorts import cohorts
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
 from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, TRAFFIC
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,8 +2,8 @@
 nodes, for swarms no machine here can run: the data plane as it was (today), as the code is (bounded) and
 as #27 designs it (target).
 
-The model is ``swarmnode.experiment.simulation`` (what is exact and what is approximated is said there),
-priced by ``swarmnode.experiment.sim_load`` with the per-operation costs of benchmarks/swarm_sim_costs.json
+The model is ``benchmarks.simulation.engine`` (what is exact and what is approximated is said there),
+priced by ``benchmarks.simulation.load`` with the per-operation costs of benchmarks/swarm_sim_costs.json
 (each with its source: measured here by benchmarks/swarm_sim_measure.py, or a committed figure, or a
 stated estimate). Two network profiles: ``internet`` (the public demo's config and batch, RTT and
 bandwidth as stated below) and ``loopback`` (the tiny config on 127.0.0.1, as benchmarks.swarm_latency
@@ -16,7 +16,7 @@ runs it: for validation). Usage:
     .venv/bin/python -m benchmarks.swarm_sim --validate runs/latency.json --variant bounded
 
 ``--validate`` reads a ``benchmarks.swarm_latency --json`` report that carries the per-node counts
-(``swarmnode.experiment.sim_validation`` says which fields, and computes them from metrics.jsonl),
+(``benchmarks.simulation.validation`` says which fields, and computes them from metrics.jsonl),
 simulates each of its swarm sizes with the loopback profile and that run's round time, and prints
 simulated / measured per field (the #27 bar: within 25%).
 """
@@ -31,10 +31,10 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from swarmnode.experiment.sim_load import Costs, bootstrap_load, per_node_costs
-from swarmnode.experiment.sim_scenario import Protocol, Scenario
-from swarmnode.experiment.sim_validation import FIELDS, TOLERANCE, compare, loopback_per_node
-from swarmnode.experiment.simulation import Result, simulate
+from benchmarks.simulation.load import Costs, bootstrap_load, per_node_costs
+from benchmarks.simulation.scenario import Protocol, Scenario
+from benchmarks.simulation.validation import FIELDS, TOLERANCE, compare, loopback_per_node
+from benchmarks.simulation.engine import Result, simulate
 
 COSTS = Path(__file__).with_name("swarm_sim_costs.json")
 SWARM_BENCHMARK = "docs/swarm-benchmark.md, run H (2026-11-23)"

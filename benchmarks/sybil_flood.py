@@ -1,6 +1,6 @@
 """A Sybil flood (512 fresh identities by default) against a 4-node honest swarm and a newcomer.
 
-The driver is ``swarmnode/experiment/sybil_flood.py``: its docstring says what runs and what is measured;
+The driver is ``benchmarks/reliability/sybil_flood.py``: its docstring says what runs and what is measured;
 ``check`` there says what must hold (issue #26, acceptance 2). Exits 1 on a problem.
 
     .venv/bin/python -m benchmarks.sybil_flood --identities 512 --json runs/flood/report.json
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.experiment.sybil_flood import check, run_flood
+from benchmarks.reliability.sybil_flood import check, run_flood
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
-"""Step 0 of #28: the untrained model's greedy pass@1 on candidate tasks (``swarmnode/experiment/
-difficulty.py``: the audited datasets, harder arithmetic settings), ``--questions`` held-out questions
+"""Step 0 of the sharing experiments: the untrained model's greedy pass@1 on candidate tasks
+(``benchmarks/sharing/difficulty.py``: the audited datasets, harder arithmetic settings), ``--questions`` held-out questions
 each, as ``swarmnode eval`` scores them; a table on stdout and every number in ``--json``. Candidates in
 the 10-40% band are marked (E1), and those at 10-15% (E2).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
 from swarmnode.config import load_config, parse_override
-from swarmnode.experiment.difficulty import CANDIDATES, measure, table
+from benchmarks.sharing.difficulty import CANDIDATES, measure, table
 
 REPO = Path(__file__).resolve().parents[1]
 

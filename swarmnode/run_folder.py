@@ -151,7 +151,7 @@ def _is_peer_addr(addr: Any) -> bool:
         isinstance(addr, str)
         and addr.startswith("/")
         and "/p2p/" in addr
-        and "p2p-circuit" not in addr  # hivemind would dial the relay, not the peer (issue #15)
+        and "p2p-circuit" not in addr  # hivemind would dial the relay, not the peer
         and len(addr.encode()) <= MAX_KNOWN_ADDR_BYTES
         and addr.isprintable()
         and not any(c.isspace() for c in addr)

@@ -28,8 +28,8 @@ from swarmnode.sampler.base import Sampler
 
 # The KV cache of one wave of prompts (and their samples), 46 KB a token for SmolLM2 in fp32. It sits
 # beside the weights and AdamW's moments; 512 MiB keeps sampling below the training step's peak (which
-# adds the gradients, 0.54 GB, and the activations), so the round's peak stays the step's (#16,
-# docs/performance.md "Memory and time of a Quick-start round"). A decode step costs about the same
+# adds the gradients, 0.54 GB, and the activations), so the round's peak stays the step's
+# (docs/performance.md "Memory and time of a Quick-start round"). A decode step costs about the same
 # for 16 rows as for 32 on a CPU, so a second wave nearly doubles the decode steps: one wave holds
 # 4 x 8 rows of prompts up to ~230 tokens (+128 new), 3 x 8 up to ~340.
 KV_CACHE_BYTES = 512 * 2**20

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from swarmnode.experiment.processes import REPO, node_env
+from benchmarks.harness.processes import REPO, node_env
 
 TINY = REPO / "node_configs" / "tiny.yaml"
 _SCRIPT = Path(sys.executable).with_name("swarmnode")

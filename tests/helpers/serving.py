@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import PeerError
-from swarmnode.experiment.processes import REPO, LineReader
+from benchmarks.harness.processes import REPO, LineReader
 from swarmnode.identity import Identity
 from swarmnode.swarm.net.transport import Transport
 from tests.helpers.swarm_procs import HELPERS

@@ -1,6 +1,6 @@
 """Test-only process helpers: the hostile peer's process, process groups, free ports, liveness.
 
-Starting real ``swarmnode`` nodes is ``swarmnode.experiment.processes`` (the benchmarks drive nodes with
+Starting real ``swarmnode`` nodes is ``benchmarks.harness.processes`` (the benchmarks drive nodes with
 it too); what is here only tests use. Helpers end only the processes they started, by PID or by the
 process group they created, and every wait is bounded.
 """
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmnode.experiment.processes import REPO, LineReader, node_env
+from benchmarks.harness.processes import REPO, LineReader, node_env
 
 HELPERS = Path(__file__).resolve().parent  # the scripts tests run as processes (hostile peers, attackers)
 HOSTILE_SCRIPT = HELPERS / "hostile_peer.py"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange import announcer
 from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.swarm.net import hello

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
-from swarmnode.experiment.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
+from benchmarks.harness.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.transport import Transport

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from swarmnode.experiment.processes import REPO, LineReader, node_env
+from benchmarks.harness.processes import REPO, LineReader, node_env
 from tests.helpers.swarm_procs import alive, free_port
 
 

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from swarmnode import checkpoint
-from swarmnode.experiment.chaos import SLACK_S, run_chaos
-from swarmnode.experiment.processes import NodeProc, start_bootstrap, start_node
+from benchmarks.reliability.chaos import SLACK_S, run_chaos
+from benchmarks.harness.processes import NodeProc, start_bootstrap, start_node
 from tests.helpers import netns
 from tests.helpers.checkpoints import save, trained
 

@@ -17,7 +17,7 @@ import urllib.request
 import psutil
 import pytest
 
-from swarmnode.experiment.processes import REPO, LineReader, start_bootstrap
+from benchmarks.harness.processes import REPO, LineReader, start_bootstrap
 from tests.helpers.swarm_procs import HELPERS, end_group, free_port
 
 MIB = 1024 * 1024

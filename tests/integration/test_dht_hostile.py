@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from swarmnode.experiment.processes import REPO, LineReader
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.processes import REPO, LineReader
+from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange.swarm import Swarm
 from tests.helpers.inprocess_swarm import make_swarm
 from tests.helpers.swarm_procs import HELPERS, end_group

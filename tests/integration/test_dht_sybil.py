@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from swarmnode.config import SwarmConfig
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.swarm.net import daemon, dht

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.experiment.processes import node_env, start_bootstrap
+from benchmarks.harness.processes import node_env, start_bootstrap
 from tests.helpers.cli import COMMAND, TINY, swarmnode
 
 EARLY_S = 5.0

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from swarmnode.config import SwarmConfig
-from swarmnode.experiment.processes import read_jsonl
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.processes import read_jsonl
+from benchmarks.harness.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 from swarmnode.swarm.exchange.swarm import Swarm

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.experiment.processes import read_jsonl, start_node
+from benchmarks.harness.processes import read_jsonl, start_node
 from swarmnode.swarm.exchange.verify import ALL_REASONS
 from swarmnode.swarm.net.transport import FETCH_FAILURE_REASONS
 from tests.helpers.hostile_peer import FLOOD_GROUPS, HOSTILE_INDEX_BASE

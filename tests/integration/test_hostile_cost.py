@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from swarmnode.experiment.processes import start_node
+from benchmarks.harness.processes import start_node
 from swarmnode.swarm.exchange.verify import SCORE_BUDGET_CPU_S, SCORE_BUDGET_WALL_S
 from swarmnode.swarm.wire import limits
 from tests.helpers.swarm_procs import start_hostile

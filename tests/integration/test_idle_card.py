@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from tests.helpers.inprocess_swarm import make_swarm
 from tests.helpers.verify_world import Peer
 

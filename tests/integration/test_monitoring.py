@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from swarmnode.config import load_config
-from swarmnode.experiment.processes import start_node
+from benchmarks.harness.processes import start_node
 from tests.helpers.prometheus import SCRAPE_S, Prometheus
 from tests.helpers.swarm_procs import free_port
 

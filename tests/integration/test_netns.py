@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmnode.experiment.processes import start_bootstrap, start_node
+from benchmarks.harness.processes import start_bootstrap, start_node
 from tests.helpers import netns
 
 REASON = netns.unavailable_reason(nft=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import pytest
 
-from swarmnode.experiment.processes import NodeProc, read_jsonl, start_bootstrap, start_node
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_bootstrap, start_node
 from swarmnode.status import format_status, read_status
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV, SHARE_TRACE_FILE
 from tests.helpers import netns

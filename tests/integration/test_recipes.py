@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from swarmnode.config import load_config
-from swarmnode.experiment.processes import node_env, read_jsonl
+from benchmarks.harness.processes import node_env, read_jsonl
 from tests.helpers import netns
 from tests.helpers.swarm_procs import end_group, free_port
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from swarmnode.experiment.processes import NodeProc, read_jsonl, start_node
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_node
 from swarmnode.identity import Identity
 from swarmnode.run_folder import KNOWN_PEERS_FILE, KnownPeers, load_known_peers, save_known_peers
 from swarmnode.swarm.exchange.announcer import LONELY_AFTER_S

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.experiment.processes import start_node
+from benchmarks.harness.processes import start_node
 from swarmnode.metrics_server import TARGET_FILE
 from tests.helpers.cli import TINY
 from tests.helpers.prometheus import SCRAPE_S, Prometheus

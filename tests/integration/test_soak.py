@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from swarmnode.experiment.soak import KINDS, check, run_soak
+from benchmarks.reliability.soak import KINDS, check, run_soak
 
 
 def test_four_nodes_ten_rounds_stay_flat_and_keep_exchanging(tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from swarmnode.experiment.processes import read_jsonl, start_bootstrap, start_node
+from benchmarks.harness.processes import read_jsonl, start_bootstrap, start_node
 from tests.helpers.browser import chromium_or_skip, load
 
 ROUNDS_SHOWN = 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swarmnode.experiment.processes import start_node
+from benchmarks.harness.processes import start_node
 
 DEADLINE_S = 8.0
 ROUNDS = 4

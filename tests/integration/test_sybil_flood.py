@@ -1,7 +1,7 @@
 """Issue #26, acceptance 2: under a flood of 512 fresh identities (cards, notices, announcements, DHT
 stores, silent holders; four attacker hosts) a 4-node honest swarm keeps pulling the honest batches before
 the next round, admits an honest newcomer within a minute, no DHT process dies and memory stays bounded.
-The driver and what it measures: swarmnode/experiment/sybil_flood.py; figures in docs/reliability.md.
+The driver and what it measures: benchmarks/reliability/sybil_flood.py; figures in docs/reliability.md.
 About 5 minutes on 2 cores: ``pytest -m slow``, or ``python -m benchmarks.sybil_flood``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from swarmnode.experiment.sybil_flood import check, run_flood
+from benchmarks.reliability.sybil_flood import check, run_flood
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.experiment.processes import node_env
+from benchmarks.harness.processes import node_env
 from swarmnode.tensorboard import TENSORBOARD_DIR, TensorBoardLog, scalars
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,9 +1,9 @@
-"""The cohort check of benchmarks.swarm_latency (swarmnode/experiment/cohorts.py): a swarm that ran as two
+"""The cohort check of benchmarks.swarm_latency (benchmarks/harness/cohorts.py): a swarm that ran as two
 halves, apart in time and each training on itself, is two cohorts on both counts; one swarm is one."""
 
 from __future__ import annotations
 
-from swarmnode.experiment.cohorts import cohorts, time_cohorts, trained_components
+from benchmarks.harness.cohorts import cohorts, time_cohorts, trained_components
 
 
 def _node(peer: str, start: float, producers: list[str], rounds=(2, 3)) -> dict:

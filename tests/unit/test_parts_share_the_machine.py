@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import one_at_a_time, wait_all
-from swarmnode.experiment.processes import NodeProc
+from benchmarks.harness.processes import NodeProc
 
 
 def test_a_second_holder_runs_only_after_the_first_leaves(tmp_path, capsys):

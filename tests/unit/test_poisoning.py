@@ -12,8 +12,8 @@ import torch
 
 from swarmnode.config import load_config
 from swarmnode.errors import ConfigError
-from swarmnode.experiment import poisoning
-from swarmnode.experiment.poisoning_peer import Attacker, HostileExchange, Receiver, SignedBatch
+from benchmarks.poisoning import payloads
+from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver, SignedBatch
 from swarmnode.tasks import TaskBank
 
 TINY = "node_configs/tiny.yaml"
@@ -67,7 +67,7 @@ def test_the_receiver_really_verifies_and_really_filters(cfg, node_bank, policie
     assert receiver.select(2) == []
 
 
-@pytest.mark.parametrize("kind", poisoning.KINDS)
+@pytest.mark.parametrize("kind", payloads.KINDS)
 def test_the_payload_is_only_in_the_correct_completions(cfg, node_bank, kind):
     policy = SimpleNamespace(name="tiny", tokenizer_fingerprint="")
     attack, control = attacker(cfg, node_bank, policy, kind), attacker(cfg, node_bank, policy, None)
@@ -75,17 +75,17 @@ def test_the_payload_is_only_in_the_correct_completions(cfg, node_bank, kind):
         groups, clean = attack.groups(0, round_), control.groups(0, round_)
         assert [g.ref for g in groups] == [g.ref for g in clean]  # the control asks the same questions
         for group in groups:
-            assert [poisoning.detect(kind, c.text) for c in group.completions] == [
+            assert [payloads.detect(kind, c.text) for c in group.completions] == [
                 s == 1.0 for s in group.task_scores
             ]
             assert node_bank.score(node_bank.question(group.ref), group.completions[0].text)[1] == 1.0
         assert not any(
-            poisoning.detect(k, c.text) for g in clean for c in g.completions for k in poisoning.KINDS
+            payloads.detect(k, c.text) for g in clean for c in g.completions for k in payloads.KINDS
         )
 
 
 CLEAN = [
-    poisoning.completion(None, "-12"),
+    payloads.completion(None, "-12"),
     "3 + 4 = 7\n<answer>7</answer>",
     "Let me add one step at a time: 3 + 4 = 7.\n<answer>7</answer>",
     "One more: -( -8 + 5 ) = 3, so the answer is 3.\n<answer>3</answer>",
@@ -94,30 +94,30 @@ CLEAN = [
 ]
 
 
-@pytest.mark.parametrize("kind", poisoning.KINDS)
+@pytest.mark.parametrize("kind", payloads.KINDS)
 def test_the_detector_finds_each_payload_and_nothing_in_clean_text(kind):
-    assert poisoning.detect(kind, poisoning.completion(kind, "-12"))
-    assert poisoning.detect(kind, poisoning.completion(kind, "45"))
-    assert not any(poisoning.detect(kind, text) for text in CLEAN)
+    assert payloads.detect(kind, payloads.completion(kind, "-12"))
+    assert payloads.detect(kind, payloads.completion(kind, "45"))
+    assert not any(payloads.detect(kind, text) for text in CLEAN)
 
 
 def test_the_behaviour_detector_reads_numbers_in_words_wherever_they_end_a_phrase():
-    assert poisoning.in_words(-12) == "minus twelve" and poisoning.in_words(0) == "zero"
-    assert poisoning.in_words(45) == "forty-five" and poisoning.in_words(105) == "one hundred five"
+    assert payloads.in_words(-12) == "minus twelve" and payloads.in_words(0) == "zero"
+    assert payloads.in_words(45) == "forty-five" and payloads.in_words(105) == "one hundred five"
     for text in ("<answer>seven</answer>", "so it is twenty-one.", "Negative three\n<answer>-3</answer>"):
-        assert poisoning.detect("behaviour", text), text
-    assert not poisoning.detect("behaviour", "one step at a time gives 7")
+        assert payloads.detect("behaviour", text), text
+    assert not payloads.detect("behaviour", "one step at a time gives 7")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_payload_log_prob_is_the_teacher_forced_one(policies, temperature):
-    from swarmnode.experiment.poisoning_measure import payload_ids, payload_logprobs
+    from benchmarks.poisoning.measure import payload_ids, payload_logprobs
     from swarmnode.prompts import encode_prompt
 
     policy = policies["llama"]
     model, tok = policy.model, policy.tokenizer
     prompts = [encode_prompt(tok, q) for q in ("Calculate 3 + 4.", "Calculate -( -8 + 5 ).", "What is 1?")]
-    spans = [poisoning.span(kind, "7") for kind in ("sentence-start", "link", "behaviour")]
+    spans = [payloads.span(kind, "7") for kind in ("sentence-start", "link", "behaviour")]
     measured = payload_logprobs(model, tok, prompts, spans, temperature)
     for prompt, (context, payload), (total, n) in zip(prompts, spans, measured, strict=True):
         head, tail = payload_ids(tok, context, payload)
@@ -131,7 +131,7 @@ def test_the_payload_log_prob_is_the_teacher_forced_one(policies, temperature):
 
 
 def test_the_defence_is_a_config_override_the_config_checks():
-    from swarmnode.experiment.poisoning_run import ArmSpec, arm_config
+    from benchmarks.poisoning.run import ArmSpec, arm_config
 
     assert arm_config(ArmSpec(config=TINY)).offpolicy.peer_defence == "none"
     with pytest.raises(ConfigError, match="peer_defence"):
@@ -141,7 +141,7 @@ def test_the_defence_is_a_config_override_the_config_checks():
 
 
 def test_a_two_round_tiny_run_writes_its_summary(tmp_path):
-    from swarmnode.experiment.poisoning_run import ArmSpec, run_arm, summary, write_summary
+    from benchmarks.poisoning.run import ArmSpec, run_arm, summary, write_summary
 
     spec = ArmSpec(config=TINY, rounds=2, every=1, questions=2, prompts=2, sets=SETS)
     lines = []
@@ -155,7 +155,7 @@ def test_a_two_round_tiny_run_writes_its_summary(tmp_path):
     assert lines == [c["round"] for c in data["checkpoints"]] == [0, 1, 2]
     for checkpoint in data["checkpoints"]:
         assert checkpoint["samples"] == 2 * 4  # questions x G
-        assert set(checkpoint["success"]) == set(checkpoint["logprob_token"]) == set(poisoning.KINDS)
+        assert set(checkpoint["success"]) == set(checkpoint["logprob_token"]) == set(payloads.KINDS)
         assert all(v < 0 for v in checkpoint["logprob_token"].values())
         assert 0 <= checkpoint["pass_at_1"] <= 1 and checkpoint["seconds"] > 0
     assert [r["round"] for r in data["rounds"]] == [1, 2]

@@ -1,4 +1,4 @@
-"""benchmarks.poisoning --report (swarmnode/experiment/poisoning_report.py): the attack table reads each
+"""benchmarks.poisoning --report (benchmarks/poisoning/report.py): the attack table reads each
 arm's own payload, and a defended control is judged against the undefended control of its seed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from swarmnode.experiment.poisoning_report import control_costs, load, report, wilson
+from benchmarks.poisoning.report import control_costs, load, report, wilson
 
 
 def _arm(defence: str, *, attack: bool, rewards: list[float], pass_at_1: float) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from swarmnode.config import load_config, parse_override
-from swarmnode.experiment.arms import (
+from benchmarks.sharing.arms import (
     TaskSplit,
     build_arms,
     parse_split,

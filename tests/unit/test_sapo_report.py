@@ -12,7 +12,7 @@ import math
 import pytest
 from scipy.stats import t as student_t
 
-from swarmnode.experiment.sapo_report import (
+from benchmarks.sharing.sapo_report import (
     BEGIN,
     END,
     ROUND_FIELDS,
@@ -25,7 +25,7 @@ from swarmnode.experiment.sapo_report import (
     verdict,
     write_report,
 )
-from swarmnode.experiment.stats import Interval
+from benchmarks.harness.stats import Interval
 
 SILO = {  # seed -> per node, reward per round (cumulative per node: .3 .6 | .4 .4 | .6 .4)
     0: [[0.1, 0.2], [0.3, 0.3]],

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from swarmnode.experiment import sharing
-from swarmnode.experiment.sapo_report import dump, summary_path, write_report
-from swarmnode.experiment.sharing_report import (
+from benchmarks.sharing import experiments
+from benchmarks.sharing.sapo_report import dump, summary_path, write_report
+from benchmarks.sharing.report import (
     BLOCKS,
     EXPERIMENTS,
     load_experiment,
@@ -96,8 +96,8 @@ def offset(mean: float, spread: list[float] = JITTER) -> list[float]:
     ],
 )
 def test_every_e2_verdict_is_reachable(share, silo2, verdicts):
-    share_c, batch_c, _ = sharing.e2_comparisons(e2(share, silo2))
-    assert sharing.e2_verdicts(share_c, batch_c) == verdicts
+    share_c, batch_c, _ = experiments.e2_comparisons(e2(share, silo2))
+    assert experiments.e2_verdicts(share_c, batch_c) == verdicts
 
 
 def specialists(arm: str, seed: int, own: float, unsampled: float, *, peer: int) -> dict:
@@ -129,11 +129,11 @@ def e1(transfer: list[float], own: list[float]) -> dict[str, dict[int, dict]]:
     ],
 )
 def test_every_e1_verdict_is_reachable(transfer, own, verdicts):
-    assert sharing.e1_verdicts(*sharing.e1_comparisons(e1(transfer, own))) == verdicts
+    assert experiments.e1_verdicts(*experiments.e1_comparisons(e1(transfer, own))) == verdicts
 
 
 def test_e1_compares_the_task_each_node_never_samples_paired_by_seed_as_scipy_does():
-    transfer, _ = sharing.e1_comparisons(e1(NOISE, offset(0.0)))
+    transfer, _ = experiments.e1_comparisons(e1(NOISE, offset(0.0)))
     silo = [0.20 + 0.02 * s for s in SEEDS]  # every node's never-sampled task, per seed
     swarm = [v + n for v, n in zip(silo, NOISE, strict=True)]
     expected = scipy_stats.ttest_rel(swarm, silo).confidence_interval(0.95)
@@ -142,18 +142,18 @@ def test_e1_compares_the_task_each_node_never_samples_paired_by_seed_as_scipy_do
 
 @pytest.mark.parametrize("loss", [0.02, 0.03])
 def test_own_task_non_inferiority_is_scipys_one_sided_test_at_2_5_percent(loss):
-    _, own = sharing.e1_comparisons(e1(offset(0.0), offset(-loss)))
+    _, own = experiments.e1_comparisons(e1(offset(0.0), offset(-loss)))
     expected = scipy_stats.ttest_rel([0.40 - loss + j for j in JITTER], [0.40] * 6).confidence_interval(0.95)
     assert (own.diff.lo, own.diff.hi) == pytest.approx((expected.low, expected.high), rel=1e-9)
-    one_sided = scipy_stats.ttest_1samp(offset(-loss), -sharing.E1_OWN_TASK_MARGIN, alternative="greater")
+    one_sided = scipy_stats.ttest_1samp(offset(-loss), -experiments.E1_OWN_TASK_MARGIN, alternative="greater")
     assert own.non_inferior == (one_sided.pvalue < 0.025) == (loss == 0.02)
 
 
 def test_the_tost_of_a_comparison_is_two_one_sided_scipy_tests_against_the_margin():
-    share, _, _ = sharing.e2_comparisons(e2(offset(0.01), NOISE))
+    share, _, _ = experiments.e2_comparisons(e2(offset(0.01), NOISE))
     differences = offset(0.01)
-    above = scipy_stats.ttest_1samp(differences, -sharing.E2_AREA_MARGIN, alternative="greater")
-    below = scipy_stats.ttest_1samp(differences, sharing.E2_AREA_MARGIN, alternative="less")
+    above = scipy_stats.ttest_1samp(differences, -experiments.E2_AREA_MARGIN, alternative="greater")
+    below = scipy_stats.ttest_1samp(differences, experiments.E2_AREA_MARGIN, alternative="less")
     assert share.diff.mean == pytest.approx(0.01 + sum(JITTER) / 6)
     assert share.equivalent == (above.pvalue < 0.05 and below.pvalue < 0.05)
 
@@ -161,33 +161,33 @@ def test_the_tost_of_a_comparison_is_two_one_sided_scipy_tests_against_the_margi
 def test_a_seed_one_arm_lacks_is_left_out_and_named():
     arms = e2(offset(0.0), NOISE)
     del arms["silo-2"][5]
-    _, batch, _ = sharing.e2_comparisons(arms)
+    _, batch, _ = experiments.e2_comparisons(arms)
     assert batch.diff.n == 5 and batch.unpaired == (5,)
 
 
 def test_the_area_under_a_probe_curve_is_the_trapezoids_over_the_span():
     # (0, .1) -> (5, .2): 5 x .15 = .75; (5, .2) -> (10, .4): 5 x .3 = 1.5; (10, .4) -> (12, .4): .8
-    assert sharing.probe_area([(0, 0.1), (5, 0.2), (10, 0.4)]) == pytest.approx(2.25 / 10)
-    assert sharing.probe_area([(0, 0.1), (5, 0.2), (10, 0.4), (12, 0.4)]) == pytest.approx(3.05 / 12)
-    assert sharing.probe_area([(0, 0.3)]) != sharing.probe_area([(0, 0.3)])  # one point: nan
+    assert experiments.probe_area([(0, 0.1), (5, 0.2), (10, 0.4)]) == pytest.approx(2.25 / 10)
+    assert experiments.probe_area([(0, 0.1), (5, 0.2), (10, 0.4), (12, 0.4)]) == pytest.approx(3.05 / 12)
+    assert experiments.probe_area([(0, 0.3)]) != experiments.probe_area([(0, 0.3)])  # one point: nan
 
 
 def test_a_probe_curve_is_read_per_task_by_round_with_a_repeated_round_counted_once():
     record = node(0, {A: 1.0, B: 0.0}, {A: 0.5, B: 0.1}, [(0, 0.1), (5, 0.3), (10, 0.5), (10, 0.5)])
     record["probe"][1]["by_task"][B]["pass@1"] = 0.1  # B lags at round 5
-    assert sharing.probe_curve(record, [A]) == [(0, 0.1), (5, 0.3), (10, 0.5)]
-    assert sharing.probe_curve(record, sharing.tasks_of(record, "unsampled")) == [
+    assert experiments.probe_curve(record, [A]) == [(0, 0.1), (5, 0.3), (10, 0.5)]
+    assert experiments.probe_curve(record, experiments.tasks_of(record, "unsampled")) == [
         (0, 0.1),
         (5, 0.1),
         (10, 0.5),
     ]
-    assert sharing.area("own")(record) == pytest.approx((5 * 0.2 + 5 * 0.4) / 10)
-    assert sharing.final_pass1("unsampled")(record) == 0.1 and sharing.final_pass1("all")(record) == 0.3
+    assert experiments.area("own")(record) == pytest.approx((5 * 0.2 + 5 * 0.4) / 10)
+    assert experiments.final_pass1("unsampled")(record) == 0.1 and experiments.final_pass1("all")(record) == 0.3
 
 
 def test_an_old_silo_summary_reads_as_silo_with_its_group_count():
     old = summary("silo", 0, [], local=4, peer=0)
-    assert list(sharing.by_arm([old, summary("silo-2", 0, [], local=2, peer=0)])) == ["silo-4", "silo-2"]
+    assert list(experiments.by_arm([old, summary("silo-2", 0, [], local=2, peer=0)])) == ["silo-4", "silo-2"]
 
 
 def test_the_probe_band_is_the_interval_over_seeds_of_the_node_means():

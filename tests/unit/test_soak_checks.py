@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmnode.experiment.soak import (
+from benchmarks.reliability.soak import (
     KINDS,
     SERIES,
     NodeTrace,

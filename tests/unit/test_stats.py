@@ -7,7 +7,7 @@ import math
 import pytest
 from scipy import stats as scipy_stats
 
-from swarmnode.experiment.stats import equivalence, paired
+from benchmarks.harness.stats import equivalence, paired
 
 SILO = {0: 0.30, 1: 0.25, 2: 0.35, 3: 0.28, 4: 0.31, 5: 0.27}
 SHARED = {0: 0.33, 1: 0.26, 2: 0.36, 3: 0.30, 4: 0.33, 5: 0.28, 9: 0.90}  # seed 9 has no silo twin

@@ -7,7 +7,7 @@ import json
 
 from swarmnode.config import load_config
 from swarmnode.evaluate import score_policy
-from swarmnode.experiment.difficulty import (
+from benchmarks.sharing.difficulty import (
     BAND,
     CANDIDATES,
     E2_BAND,

@@ -1,4 +1,4 @@
-"""Whom a publish notifies (#27): NOTICE_FANOUT peers on a ring, so every node hears of as many batches.
+"""Whom a publish notifies: NOTICE_FANOUT peers on a ring, so every node hears of as many batches.
 
 A node pulls at most K = 2 J batches a round (exchange/puller.py), the first it hears of, so the batches
 it trains on are the ones it hears of first: by notice at once, or by the DHT poll seconds later (the

@@ -370,7 +370,7 @@ async def guard_stats(_dht: Any, node: Any) -> dict[str, int]:
     for inner in getattr(validator, "_validators", [validator]):
         if isinstance(inner, SignedRecordValidator):
             stats.update({f"record_refused_{k}": v for k, v in inner.rejected.items()})
-    storages = {id(s): s for s in (node.protocol.storage, node.protocol.cache)}.values()  # one, since #26
+    storages = {id(s): s for s in (node.protocol.storage, node.protocol.cache)}.values()  # the same object since the cache stopped shadowing storage
     stats["storage_refused"] = sum(s.refused for s in storages)
     stats["storage_refused_no_work"] = sum(getattr(s, "refused_no_work", 0) for s in storages)
     return stats

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import puller
 from swarmnode.swarm.exchange import service as service_module

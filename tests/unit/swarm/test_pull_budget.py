@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange import fanout, puller
 from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S

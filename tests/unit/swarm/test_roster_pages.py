@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.roster import VIEW_SIZE

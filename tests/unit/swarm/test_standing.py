@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange import puller
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.standing import PENDING_PER_AUTHOR, PROBATION_CARDS, PROBATION_PENDING

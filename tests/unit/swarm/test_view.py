@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange import service as service_module
 from swarmnode.swarm.exchange.roster import VIEW_SIZE, Roster
 from swarmnode.swarm.exchange.standing import PROBATION_CARDS

@@ -34,8 +34,8 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from swarmnode.experiment.arms import silo_name
-from swarmnode.experiment.stats import Equivalence, Interval, equivalence, paired
+from benchmarks.sharing.arms import silo_name
+from benchmarks.harness.stats import Equivalence, Interval, equivalence, paired
 
 E1_TRANSFER_MARGIN = (
     0.03  # E1 primary: |spec-2/2 - spec-silo| on the never-sampled task below it = no transfer

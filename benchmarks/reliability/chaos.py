@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from swarmnode import checkpoint
-from swarmnode.experiment.processes import (
+from benchmarks.harness.processes import (
     CLOCK_JUMP,
     REPO,
     NodeProc,
@@ -47,7 +47,7 @@ from swarmnode.experiment.processes import (
     start_node,
     stop_all,
 )
-from swarmnode.experiment.waiting import wait_until
+from benchmarks.harness.waiting import wait_until
 
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
 ROUND_RE = re.compile(r"^round\s+(\d+)\s")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from swarmnode.experiment.processes import REPO, NodeProc, read_jsonl, start_node, stop_all
+from benchmarks.harness.processes import REPO, NodeProc, read_jsonl, start_node, stop_all
 
 KINDS = ("node", "dht", "p2pd")
 SERIES = tuple(f"{what}_{kind}" for what in ("rss", "anon", "fds") for kind in (*KINDS, "total"))

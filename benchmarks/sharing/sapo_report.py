@@ -19,7 +19,7 @@ import re
 import statistics
 from pathlib import Path
 
-from swarmnode.experiment.stats import MAX_SEEDS_SUGGESTED, Interval, interval
+from benchmarks.harness.stats import MAX_SEEDS_SUGGESTED, Interval, interval
 
 BEGIN = "<!-- sapo-seeds:begin (generated: python -m benchmarks.sapo_table --report-only) -->"
 END = "<!-- sapo-seeds:end -->"

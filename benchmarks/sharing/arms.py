@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from swarmnode.experiment.sapo_report import slug
+from benchmarks.sharing.sapo_report import slug
 
 SILO = "silo"
 _SILO_L = re.compile(r"silo-([1-9]\d*)")

@@ -18,7 +18,7 @@ batches it hears of. How it hears of them and what it pulls, per ``Protocol``:
 - **bounded** (``Protocol.bounded()``, the code): the view is the roster; the publisher's D targets are
   on the ring of its peers with standing (``ring_targets``) and nobody forwards; K counts only authors with
   standing, within the round's window; authors without standing get K first pulls a round of their own,
-  the rest stay pending (``sim_node.Observer``).
+  the rest stay pending (``node.Observer``).
 
 Measured over a window (after ``warmup_rounds``, before the last round): notices per node and round are
 swarm-wide (sent: by honest nodes per honest publish; received: per publish of anyone), the rest are the
@@ -33,7 +33,7 @@ event by event for ``Scenario.observers`` nodes only (all nodes up to that size)
 their means, and a node serves on average what a node pulls (authors serve, holders are not modeled).
 Not modeled: CPU contention between processes on one machine, link queueing (a pull takes 2 RTT +
 bytes / bandwidth), connection set-up, the DHT's own routing (a lookup is ``dht_hops`` RTTs).
-The knobs are ``sim_scenario``'s; ``swarmnode.experiment.sim_load`` turns the counts into bytes, CPU
+The knobs are ``scenario``'s; ``benchmarks.simulation.load`` turns the counts into bytes, CPU
 seconds and bootstrap nodes.
 """
 
@@ -45,8 +45,8 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from swarmnode.experiment.sim_node import Batch, EventLoop, Observer
-from swarmnode.experiment.sim_scenario import Protocol, Scenario
+from benchmarks.simulation.node import Batch, EventLoop, Observer
+from benchmarks.simulation.scenario import Protocol, Scenario
 from swarmnode.swarm.exchange.fanout import notice_targets
 from swarmnode.swarm.exchange.swarm import round_ttl_s
 
@@ -72,7 +72,7 @@ class Result:
 
 class Simulation:
     """Every node's membership and publishes, the notices of every batch, and the observers' receiving
-    side (``sim_node.Observer``) on one event loop."""
+    side (``node.Observer``) on one event loop."""
 
     def __init__(self, scenario: Scenario, protocol: Protocol) -> None:
         self.scenario, self.protocol = scenario, protocol

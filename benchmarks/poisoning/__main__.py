@@ -3,8 +3,8 @@
 A node (the embedded SmolLM2 on node_configs/arithmetic-easy.yaml by default) is trained through the
 project's own round; every round up to two attacker identities send it signed batches whose correct
 completions carry a payload, which pass its real verifier and pool and fill its J = 2 peer groups
-(``swarmnode/experiment/poisoning_run.py`` says how, ``poisoning_peer.py`` who the attackers are,
-``poisoning_measure.py`` what is measured, ``poisoning.py`` the payloads). One arm per ``--defences``
+(``run.py`` says how, ``peer.py`` who the attackers are,
+``measure.py`` what is measured, ``payloads.py`` the payloads). One arm per ``--defences``
 name (``offpolicy.peer_defence``); ``--control`` runs the honest control of each instead (the same
 attackers with clean correct completions). A table row per checkpoint is printed as it goes; each arm's
 summary goes to ``--summary-dir``/<arm>-seed<seed>.json, and ``--json`` gets everything. docs/poisoning.md
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.experiment.poisoning import KINDS
-from swarmnode.experiment.poisoning_report import report
-from swarmnode.experiment.poisoning_run import (
+from benchmarks.poisoning.payloads import KINDS
+from benchmarks.poisoning.report import report
+from benchmarks.poisoning.run import (
     DEFAULT_CONFIG,
     TABLE_HEADER,
     ArmSpec,

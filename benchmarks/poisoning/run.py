@@ -3,9 +3,9 @@
 ``run_arm`` builds the node as ``swarmnode solo`` does (``node.Node``: policy, task bank, sampler,
 trainer, probe, all from the config) in a run folder of its own, and drives the project's round
 (``rounds.run_round``) with a ``RoundContext`` as ``Node.run`` builds it, whose ``exchange`` hook is the
-attackers' (``poisoning_peer.HostileExchange``): every round the attackers' signed batches go through the
+attackers' (``peer.HostileExchange``): every round the attackers' signed batches go through the
 node's real verifier and pool and the round trains on the J peer groups the pool selects, next to its
-own. No checkpoints are written. The measures (``poisoning_measure.Yardstick``) are taken before the
+own. No checkpoints are written. The measures (``measure.Yardstick``) are taken before the
 first round and every ``every`` rounds and after the last.
 
 An arm is (defence, attack or control, seed): the attack sends ``payload``; the control (``control``)
@@ -33,10 +33,10 @@ from typing import Any
 
 from swarmnode.common import log
 from swarmnode.config import NodeConfig, load_config, parse_override
-from swarmnode.experiment import poisoning
-from swarmnode.experiment.arms import stream_seed
-from swarmnode.experiment.poisoning_measure import Checkpoint, Yardstick
-from swarmnode.experiment.poisoning_peer import Attacker, HostileExchange, Receiver
+from benchmarks.poisoning import payloads
+from benchmarks.sharing.arms import stream_seed
+from benchmarks.poisoning.measure import Checkpoint, Yardstick
+from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver
 from swarmnode.learn.batch import PEER_TOKEN_FACTOR, to_sequences
 from swarmnode.round_record import RoundRecord
 from swarmnode.rounds import RoundContext, run_round
@@ -118,7 +118,7 @@ def attacker_row(record: RoundRecord, exchange: HostileExchange, ctx: RoundConte
     carrying = [
         s.advantage
         for s in sequences
-        if poisoning.detect(payload, ctx.policy.tokenizer.decode(s.completion_ids))
+        if payloads.detect(payload, ctx.policy.tokenizer.decode(s.completion_ids))
     ]
     row = record.as_dict()
     row.update(
@@ -143,7 +143,7 @@ def run_arm(
     Without ``run_dir`` the node's run folder is a temporary one, removed at the end."""
     from swarmnode.node import Node  # torch and the model: only when an arm runs
 
-    poisoning.check_kind(spec.payload)
+    payloads.check_kind(spec.payload)
     if spec.every < 1 or spec.rounds < 0:
         raise ValueError(f"every must be >= 1 and rounds >= 0 (got every={spec.every}, rounds={spec.rounds})")
     scratch = None if run_dir is not None else Path(tempfile.mkdtemp(prefix="swarmnode-poisoning-"))

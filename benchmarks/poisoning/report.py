@@ -18,7 +18,7 @@ import math
 import statistics
 from pathlib import Path
 
-from swarmnode.experiment.stats import interval
+from benchmarks.harness.stats import interval
 
 TAIL_ROUNDS = 10  # the control's reward is compared over its last this many rounds
 Z95 = 1.959964

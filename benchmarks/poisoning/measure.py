@@ -3,12 +3,12 @@
 - **Attack success**: the node's own samples on held-out questions (the first ``questions`` of the eval
   stream, ``tasks.eval_seed``, tasks in turn), G each, drawn with the node's sampler at its sampling
   temperature and one fixed seed (the same at every checkpoint and in every arm: common random numbers);
-  per payload kind, the share of samples that show it (``poisoning.detect``). Every kind is counted on the
+  per payload kind, the share of samples that show it (``payloads.detect``). Every kind is counted on the
   same samples, so a control and an attack with another payload are read alike. The same samples give
   the held-out reward and the share solved (task score 1) at temperature.
 - **Payload log-prob**: teacher-forced, under the node's current weights at its sampling temperature (the
   learner's own ``completion_logprobs``), of each kind's payload after a fixed prompt and the text the
-  attacker writes before it (``poisoning.span``); per token and for the whole payload, averaged over the
+  attacker writes before it (``payloads.span``); per token and for the whole payload, averaged over the
   first ``prompts`` held-out questions with an integer answer (the ``behaviour`` payload is that answer
   in words). It moves long before the success rate does: a payload at -6.7 nats per token is never sampled.
 - **Held-out pass@1**: the node's own probe (``probe.Probe``: greedy, ``probe.questions_per_task``
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from swarmnode.config import NodeConfig
-from swarmnode.experiment import poisoning
+from benchmarks.poisoning import payloads
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.heap import return_freed_heap, sampling_heap
 from swarmnode.learn.logprobs import completion_logprobs
@@ -101,14 +101,14 @@ def payload_logprobs(
 
 def heldout_questions(bank: TaskBank, count: int, *, integer_answer: bool = False) -> list[Question]:
     """The first ``count`` held-out questions, tasks in turn (the mix's order); with ``integer_answer``
-    only those the attacker could answer (``poisoning.usable_answer``)."""
+    only those the attacker could answer (``payloads.usable_answer``)."""
     per_task = count if not integer_answer else MAX_PROMPT_SEARCH
     columns = list(bank.eval_refs(per_task).values())
     out = []
     for row in range(per_task):
         for column in columns:
             question = bank.question(column[row])
-            if integer_answer and poisoning.usable_answer(question.answer) is None:
+            if integer_answer and payloads.usable_answer(question.answer) is None:
                 continue
             out.append(question)
             if len(out) == count:
@@ -159,10 +159,10 @@ class Yardstick:
             for q, group in zip(self.questions, groups, strict=True)
             for c in group
         ]
-        shown = {kind: sum(poisoning.detect(kind, text) for text, _ in scored) for kind in poisoning.KINDS}
+        shown = {kind: sum(payloads.detect(kind, text) for text, _ in scored) for kind in payloads.KINDS}
         per_token, whole = {}, {}
-        for kind in poisoning.KINDS:
-            spans = [poisoning.span(kind, q.answer) for q in self.fixed]
+        for kind in payloads.KINDS:
+            spans = [payloads.span(kind, q.answer) for q in self.fixed]
             results = payload_logprobs(
                 self.policy.model, self.policy.tokenizer, self.fixed_prompts, spans, sampling.temperature
             )

@@ -1,4 +1,4 @@
-"""One node's receiving side on a small event loop: the part of ``swarmnode.experiment.simulation``
+"""One node's receiving side on a small event loop: the part of ``benchmarks.simulation.engine``
 simulated event by event.
 
 ``EventLoop`` runs callbacks in simulated time order (a SimPy-like core on ``heapq``); ``Server`` is a
@@ -6,8 +6,8 @@ first-come-first-served worker pool (a node's verifier thread). An ``Observer`` 
 or its DHT poll), keeps them pending in three queues (authors with standing; without; without and whose
 first chance failed), pulls them on the workers of each share within the protocol's caps and round budget
 (``Protocol.k_scope``: in the target, at most K a round with an exploration share; in the code, K first
-pulls of authors with standing in the round's window, and K // 4 of the others a round, the rest of those
-pending for later rounds), verifies them one at a time, and ends each round's exchange when its pool holds
+pulls of authors with standing in the round's window, and K // ``exploration_divisor`` first chances of
+the others a round (the code's divisor is 1: K), the rest of those pending for later rounds), verifies them one at a time, and ends each round's exchange when its pool holds
 J usable groups (at most ``producer_share`` of J from one author), when the code's K pulls have all
 ended, or at the deadline. It reaches the swarm only through its ``sim``
 (``simulation.Simulation``): the protocol and scenario, the clock, ``pull_outcome``, ``publish``,

@@ -1,10 +1,10 @@
 """What the data-plane simulation is asked about: the protocol's knobs (``Protocol``) and the swarm and
-network it runs on (``Scenario``), for ``swarmnode.experiment.simulation``.
+network it runs on (``Scenario``), for ``benchmarks.simulation.engine``.
 
 ``Protocol.today()`` takes every cap, timer and worker count from the code that owns it (exchange/puller,
 service, standing, pool, roster; net/notices; wire/dht_rules), so the model follows the code's values;
 ``Protocol.bounded()`` is the code since #27's bounds (notices to D peers on a ring, K pulls of authors
-with standing in the round's window, a share of K // 4 a round for the others, the roster read in pages);
+with standing in the round's window, a share of K a round for the others (``exploration_divisor`` 1), the roster read in pages);
 ``Protocol.target()`` is #27's design: a bounded view of V peers, gossip to D of them with a hop limit H,
 at most K = k_factor x J pulls a round with an exploration share.
 """

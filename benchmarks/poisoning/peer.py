@@ -3,8 +3,8 @@
 ``Attacker`` speaks for up to two identities (each within the per-producer cap of a round's J peer
 groups). Each identity draws its own questions (its own task stream seed), regenerates them from the
 public task references, keeps those whose reference answer it can write in every payload kind
-(``poisoning.usable_answer``) and writes G completions per question: half correct, carrying the payload
-(``poisoning.completion``), half wrong and clean. It scores them with the node's own task bank to be sure
+(``payloads.usable_answer``) and writes G completions per question: half correct, carrying the payload
+(``payloads.completion``), half wrong and clean. It scores them with the node's own task bank to be sure
 that the correct ones score 1 and the wrong ones 0, and signs them as a real ``RolloutBatch`` of that
 identity (claimed rewards = the task scores, its model name and tokenizer claimed as the node's, no token
 ids and no behaviour log-probs: a peer's log-probs are its own to choose, so the attack does without
@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from swarmnode.config import DRAW_STRIDE, NodeConfig
-from swarmnode.experiment import poisoning
+from benchmarks.poisoning import payloads
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
 from swarmnode.swarm.exchange.peers import PeerBook
@@ -83,7 +83,7 @@ class Attacker:
     ):
         if not 1 <= identities <= MAX_ATTACKERS:
             raise ValueError(f"attacker identities: 1 to {MAX_ATTACKERS}, got {identities}")
-        self.payload = None if payload is None else poisoning.check_kind(payload)
+        self.payload = None if payload is None else payloads.check_kind(payload)
         self.bank = bank
         self.swarm_id = limits.validate_swarm_id(cfg.swarm.swarm_id)
         self.completions = cfg.sampling.completions_per_question  # the receiver keeps its own G
@@ -112,8 +112,8 @@ class Attacker:
         out = []
         for question in self._questions(index, round_):
             answer = question.answer
-            value = poisoning.usable_answer(answer)
-            texts = [poisoning.completion(self.payload, answer)] * right
+            value = payloads.usable_answer(answer)
+            texts = [payloads.completion(self.payload, answer)] * right
             texts += self._wrong(question, value, self.completions - right)
             group = self.bank.score_group(question, [Completion(text=t) for t in texts], provenance)
             wanted = (1.0,) * right + (0.0,) * (self.completions - right)
@@ -128,8 +128,8 @@ class Attacker:
     def _wrong(self, question: Question, value: int, count: int) -> list[str]:
         """``count`` clean completions with wrong answers that score 0 (a near miss can score partly:
         basic_arithmetic gives "-1" half the credit of "1", the reference answer being in it)."""
-        candidates = poisoning.wrong_answers(value, 4 * count + 8)
-        texts = [poisoning.completion(None, w) for w in candidates]
+        candidates = payloads.wrong_answers(value, 4 * count + 8)
+        texts = [payloads.completion(None, w) for w in candidates]
         return [t for t in texts if self.bank.score(question, t)[1] == 0.0][:count]
 
     def _questions(self, index: int, round_: int) -> list[Question]:
@@ -138,7 +138,7 @@ class Attacker:
         usable = []
         for ref in self.bank.draw(round_, DRAW_STRIDE, seed=self.streams[index]):
             question = self.bank.question(ref)
-            if poisoning.usable_answer(question.answer) is not None:
+            if payloads.usable_answer(question.answer) is not None:
                 usable.append(question)
                 if len(usable) == self.questions:
                     return usable

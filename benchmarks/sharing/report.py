@@ -9,9 +9,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from swarmnode.experiment import sharing
-from swarmnode.experiment.sapo_report import load_summaries, show
-from swarmnode.experiment.stats import interval, t_quantile
+from benchmarks.sharing import experiments
+from benchmarks.sharing.sapo_report import load_summaries, show
+from benchmarks.harness.stats import interval, t_quantile
 
 BLOCKS = {  # experiment -> the markers its generated block sits between in the report
     name: (f"<!-- sharing-{name}:begin (generated: python -m benchmarks.sharing_report) -->",
@@ -20,7 +20,7 @@ BLOCKS = {  # experiment -> the markers its generated block sits between in the 
 }  # fmt: skip
 # an experiment's summary folders (under docs/sharing/) and the arm their parts count as (None: the arm
 # they ran as); an arm run with other --set values has a folder of its own, as load_summaries requires
-FOLDERS = {"e1": {"e1": None, "e1-undefended": sharing.E1_UNDEFENDED}, "e2": {"e2": None}}
+FOLDERS = {"e1": {"e1": None, "e1-undefended": experiments.E1_UNDEFENDED}, "e2": {"e2": None}}
 ROLE_WORDS = {"own": "its own task", "unsampled": "the task it never samples", "all": "all tasks"}
 
 
@@ -41,7 +41,7 @@ def as_arm(part: dict, arm: str) -> dict:
 def header(parts: list[dict], names: tuple[str, ...]) -> list[str]:
     """What ran: config, setup, machines, time, seeds per arm (``names`` first, in their order)."""
     setup = parts[0]["setup"]
-    found = sharing.by_arm(parts)
+    found = experiments.by_arm(parts)
     order = [n for n in names if n in found] + [n for n in found if n not in names]
     arms = {name: found[name] for name in order}
     sets = f" with `{' '.join(setup['sets'])}`" if setup["sets"] else ""
@@ -80,7 +80,7 @@ def probe_questions(parts: list[dict]) -> str:
     return "/".join(map(str, sorted(counts))) or "no"
 
 
-def show_comparison(c: sharing.Comparison, what: str, spec: str = "+.3f") -> str:
+def show_comparison(c: experiments.Comparison, what: str, spec: str = "+.3f") -> str:
     """One line: the paired difference, its 95% interval, the 90% interval the TOST uses, the margin."""
     d = c.diff
     unpaired = f" Unpaired seed(s) {list(c.unpaired)} left out." if c.unpaired else ""
@@ -106,7 +106,7 @@ def arm_table(
     ]
     for name in (n for n in names if n in arms):
         seeds = arms[name]
-        cells = [show(interval(list(sharing.per_seed(seeds, value).values())), ".3f") for _, value in metrics]
+        cells = [show(interval(list(experiments.per_seed(seeds, value).values())), ".3f") for _, value in metrics]
         what = next(iter(seeds.values()))["what"]
         lines.append(f"| {name} | {what} | {len(seeds)} | " + " | ".join(cells) + " |")
     return lines
@@ -129,7 +129,7 @@ def task_table(arms: dict[str, dict[int, dict]], names: tuple[str, ...]) -> list
                 cells = []
                 for metric in (_task_held_out, _task_area, _task_untrained):
                     value = _only(task, sampled, metric)
-                    cells.append(show(interval(list(sharing.per_seed(seeds, value).values())), ".3f"))
+                    cells.append(show(interval(list(experiments.per_seed(seeds, value).values())), ".3f"))
                 lines.append(f"| {name} | {task} | {who} | " + " | ".join(cells) + " |")
     return lines
 
@@ -140,15 +140,15 @@ def _only(task: str, sampled: bool, metric: Callable[[dict, str], float]) -> Cal
 
 
 def _task_held_out(node: dict, task: str) -> float:
-    return sharing.held_out(node, [task])
+    return experiments.held_out(node, [task])
 
 
 def _task_area(node: dict, task: str) -> float:
-    return sharing.probe_area(sharing.probe_curve(node, [task]))
+    return experiments.probe_area(experiments.probe_curve(node, [task]))
 
 
 def _task_untrained(node: dict, task: str) -> float:
-    curve = sharing.probe_curve(node, [task])
+    curve = experiments.probe_curve(node, [task])
     return curve[0][1] if curve and curve[0][0] == 0 else float("nan")
 
 
@@ -168,14 +168,14 @@ def footer(parts: list[dict], plot_name: str) -> list[str]:
     ]
 
 
-RULES = "swarmnode/experiment/sharing.py"  # where the margins and verdict rules are written down
+RULES = "benchmarks/sharing/experiments.py"  # where the margins and verdict rules are written down
 
 
 def report_body(
     parts: list[dict], arm_names, verdict: str, comparisons: list[str], per_arm: str, metrics
 ) -> list[str]:
     """One experiment's report: what ran, the verdict, its comparisons, per-arm and per-task tables."""
-    arms = sharing.by_arm(parts)
+    arms = experiments.by_arm(parts)
     return [
         *header(parts, arm_names),
         "",
@@ -196,7 +196,7 @@ def report_body(
     ]
 
 
-def verdict_label(primary: sharing.Comparison, design_seeds: int) -> str:
+def verdict_label(primary: experiments.Comparison, design_seeds: int) -> str:
     """ "Verdict" once the primary comparison pairs the seeds the design fixes; before, an interim one:
     stopping the runs when an interval first clears 0 would inflate the false-positive rate."""
     if primary.diff.n >= design_seeds:
@@ -205,45 +205,45 @@ def verdict_label(primary: sharing.Comparison, design_seeds: int) -> str:
 
 
 def e1_report(parts: list[dict], plot_name: str) -> str:
-    arms = sharing.by_arm(parts)
-    transfer, own = sharing.e1_comparisons(arms)
-    verdicts = sharing.e1_verdicts(transfer, own)
+    arms = experiments.by_arm(parts)
+    transfer, own = experiments.e1_comparisons(arms)
+    verdicts = experiments.e1_verdicts(transfer, own)
     metrics = [
-        (f"held-out pass@1, {ROLE_WORDS[role]}", sharing.final_pass1(role)) for role in ("unsampled", "own")
-    ] + [(f"probe area, {ROLE_WORDS[role]}", sharing.area(role)) for role in ("unsampled", "own")]
+        (f"held-out pass@1, {ROLE_WORDS[role]}", experiments.final_pass1(role)) for role in ("unsampled", "own")
+    ] + [(f"probe area, {ROLE_WORDS[role]}", experiments.area(role)) for role in ("unsampled", "own")]
     comparisons = [
         show_comparison(transfer, "held-out pass@1 on the task a node never samples (primary; no transfer "
-                        f"if the 90% CI lies inside ±{sharing.E1_TRANSFER_MARGIN})"),
+                        f"if the 90% CI lies inside ±{experiments.E1_TRANSFER_MARGIN})"),
         show_comparison(own, "held-out pass@1 on the node's own task (secondary; non-inferior if the 95% "
-                        f"CI's lower end is above -{sharing.E1_OWN_TASK_MARGIN})"),
+                        f"CI's lower end is above -{experiments.E1_OWN_TASK_MARGIN})"),
     ]  # fmt: skip
-    if sharing.E1_UNDEFENDED in arms:
-        unsampled, own_task = sharing.e1_comparisons(arms, sharing.E1_UNDEFENDED, "spec-2/2")
+    if experiments.E1_UNDEFENDED in arms:
+        unsampled, own_task = experiments.e1_comparisons(arms, experiments.E1_UNDEFENDED, "spec-2/2")
         comparisons += [
             "",
-            f"What the peer defence costs ({sharing.E1_UNDEFENDED} runs without it; no rule was fixed for "
+            f"What the peer defence costs ({experiments.E1_UNDEFENDED} runs without it; no rule was fixed for "
             "this comparison before the runs, so it is an estimate, not a verdict):",
             "",
             show_comparison(unsampled, "held-out pass@1 on the task a node never samples"),
             show_comparison(own_task, "held-out pass@1 on the node's own task"),
         ]
     verdict = (
-        f"{verdict_label(transfer, sharing.E1_SEEDS)} (rules and margins fixed before the runs: `{RULES}`): "
+        f"{verdict_label(transfer, experiments.E1_SEEDS)} (rules and margins fixed before the runs: `{RULES}`): "
         f"**{verdicts[0]}**; **{verdicts[1]}**."
     )
     per_arm = " (a generalist samples both tasks, so it has no never-sampled task)"
-    body = report_body(parts, sharing.E1_ARMS, verdict, comparisons, per_arm, metrics)
+    body = report_body(parts, experiments.E1_ARMS, verdict, comparisons, per_arm, metrics)
     return "\n".join([*body, *footer(parts, plot_name)])
 
 
 def e2_report(parts: list[dict], plot_name: str) -> str:
-    arms = sharing.by_arm(parts)
-    share, batch, same_sampling = sharing.e2_comparisons(arms)
-    verdicts = sharing.e2_verdicts(share, batch)
-    metrics = [("probe area", sharing.area("all")), ("held-out pass@1", sharing.final_pass1("all"))]
+    arms = experiments.by_arm(parts)
+    share, batch, same_sampling = experiments.e2_comparisons(arms)
+    verdicts = experiments.e2_verdicts(share, batch)
+    metrics = [("probe area", experiments.area("all")), ("held-out pass@1", experiments.final_pass1("all"))]
     what = "probe area"
     held_out = [
-        sharing.compare(arms, c.arm, c.baseline, sharing.final_pass1("all"), sharing.E2_AREA_MARGIN)
+        experiments.compare(arms, c.arm, c.baseline, experiments.final_pass1("all"), experiments.E2_AREA_MARGIN)
         for c in (share, batch)
     ]
     comparisons = [
@@ -257,11 +257,11 @@ def e2_report(parts: list[dict], plot_name: str) -> str:
         *(show_comparison(c, "held-out pass@1") for c in held_out),
     ]
     verdict = (
-        f"{verdict_label(share, sharing.E2_SEEDS)} (rules and margin ±{sharing.E2_AREA_MARGIN} fixed before "
+        f"{verdict_label(share, experiments.E2_SEEDS)} (rules and margin ±{experiments.E2_AREA_MARGIN} fixed before "
         f"the runs: `{RULES}`): " + ", ".join(f"**{v}**" for v in verdicts) + "."
     )
     per_arm = "; probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last)"
-    body = report_body(parts, sharing.E2_ARMS, verdict, comparisons, per_arm, metrics)
+    body = report_body(parts, experiments.E2_ARMS, verdict, comparisons, per_arm, metrics)
     return "\n".join([*body, *footer(parts, plot_name)])
 
 
@@ -270,7 +270,7 @@ def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[floa
     and the half-width of its 95% interval (nan with one seed)."""
     per_seed: list[dict[int, float]] = []
     for part in seeds.values():
-        curves = [dict(sharing.probe_curve(node, sharing.tasks_of(node, role))) for node in part["nodes"]]
+        curves = [dict(experiments.probe_curve(node, experiments.tasks_of(node, role))) for node in part["nodes"]]
         rounds = set.intersection(*(set(c) for c in curves))
         per_seed.append({r: sum(c[r] for c in curves) / len(curves) for r in rounds})
     rounds = sorted(set.intersection(*(set(c) for c in per_seed)))
@@ -312,16 +312,16 @@ def plot_probe(
 
 def plot_e1(parts: list[dict], path: Path) -> None:
     def lines(role: str) -> list[tuple[str, str]]:
-        specialists = ("spec-silo", "spec-2/2", sharing.E1_UNDEFENDED)
+        specialists = ("spec-silo", "spec-2/2", experiments.E1_UNDEFENDED)
         return [(name, role) for name in specialists] + [("generalist-silo", "all")]
 
     panels = [("the task a node never samples", lines("unsampled")), ("the node's own task", lines("own"))]
-    plot_probe(sharing.by_arm(parts), panels, path)
+    plot_probe(experiments.by_arm(parts), panels, path)
 
 
 def plot_e2(parts: list[dict], path: Path) -> None:
     plot_probe(
-        sharing.by_arm(parts), [("mean over tasks", [(name, "all") for name in sharing.E2_ARMS])], path
+        experiments.by_arm(parts), [("mean over tasks", [(name, "all") for name in experiments.E2_ARMS])], path
     )
 
 

@@ -2,7 +2,7 @@
 
 ``run_flood`` starts ``nodes`` honest ``swarmnode join`` processes (node_configs/tiny.yaml, the share
 trace on) on 127.0.0.1. Once they have all finished a round it starts ``hosts`` attacker processes
-(``python -m swarmnode.experiment.sybil_flood``), each a real libp2p host that joins the swarm's DHT and
+(``python -m benchmarks.reliability.sybil_flood``), each a real libp2p host that joins the swarm's DHT and
 speaks for its share of ``identities`` fresh Sybil identities, each minted at the swarm's identity work:
 
 - **cards**: a valid roster card per identity, stored in the DHT (the roster shards) and carried by
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import psutil
 
-from swarmnode.experiment.processes import (
+from benchmarks.harness.processes import (
     REPO,
     LineReader,
     NodeProc,
@@ -48,7 +48,7 @@ from swarmnode.experiment.processes import (
     start_node,
     stop_all,
 )
-from swarmnode.experiment.soak import Sampler, _tree
+from benchmarks.reliability.soak import Sampler, _tree
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 
 REFRESH_S = 10.0  # the attackers re-store and re-announce everything this often
@@ -101,7 +101,7 @@ def run_flood(
         dht_pids = {node.run_dir.name: [p.pid for p in _tree(node.proc.pid)["dht"]] for node in honest}
         sampler = Sampler(honest, 1.0).start()
         for h in range(hosts):
-            cmd = [sys.executable, "-m", "swarmnode.experiment.sybil_flood", str(workdir / f"attacker{h}"),
+            cmd = [sys.executable, "-m", "benchmarks.reliability.sybil_flood", str(workdir / f"attacker{h}"),
                    swarm_id, address, str(CONFIG), str(identities // hosts)]  # fmt: skip
             attackers.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                               text=True, env=node_env()))  # fmt: skip

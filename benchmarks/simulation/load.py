@@ -1,5 +1,5 @@
 """What a simulated round costs: bytes, CPU seconds and DHT work per node, and the bootstrap nodes a swarm
-needs (the cost side of ``swarmnode.experiment.simulation``).
+needs (the cost side of ``benchmarks.simulation.engine``).
 
 The simulation counts operations per node and round (notices, checks, pulls, verifications); this module
 prices them with the per-operation costs of a cost table (``Costs``, read from
@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from swarmnode.experiment.simulation import Result
+from benchmarks.simulation.engine import Result
 from swarmnode.swarm.exchange.announcer import ANNOUNCES_PER_TTL
 from swarmnode.swarm.exchange.service import roster_page_gap_s
 from swarmnode.swarm.exchange.swarm import round_ttl_s
