@@ -8,8 +8,17 @@ process) with the process collector (RSS, CPU, open fds).
 Idle or trickling clients, even ones that reconnect at once, cannot block a scrape: each connection is
 answered on its own thread (at most ``MAX_CONNECTIONS`` at once), one request each, and has
 ``REQUEST_DEADLINE_S`` in all to send its request and take the answer, however it trickles its bytes; when
-every slot is taken, a new connection closes the oldest one still sending its request (a scraper sends
-its request at once, so only a connection that has not is ever closed for another).
+every slot is taken, a new connection closes the oldest one still sending its request, or else the oldest
+one whose answer has been going out for ``SLOW_ANSWER_S`` (a scraper sends its request at once and reads
+the answer as it comes, in milliseconds on any network a scrape crosses, so only a connection that trickles
+or does not read is ever closed for another). A client's failures (time out, hang up, closed for another)
+are its own: nothing is printed for them; an error of the server's own is logged once per request.
+
+Pages are answered only under a Host name that cannot be a stranger's DNS name for this machine (DNS
+rebinding: a web page whose name an attacker points at 127.0.0.1 would read the status page from the
+browser of anyone running a node): an IP literal, ``localhost`` or a ``.localhost`` name, a name without
+a dot (a compose service, a LAN host), or this machine's own host name; anything else gets
+``421 Misdirected Request``. A request without a Host header (HTTP/1.0) is answered.
 
 Prometheus finds a node through a file-discovery target (``<run_dir>/prometheus_target.json``,
 ``MetricsServer.write_target``) with its address, emptied when the node stops cleanly (``retire_target``).
@@ -21,7 +30,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import ipaddress
 import json
+import logging
 import socket
 import socketserver
 import sys
@@ -41,6 +52,9 @@ from swarmnode.errors import ConfigError
 TARGET_FILE = "prometheus_target.json"
 REQUEST_DEADLINE_S = 5.0  # a connection's request and answer, all reads and writes together
 MAX_CONNECTIONS = 16  # connections served at once (a new one closes the oldest still sending its request)
+SLOW_ANSWER_S = 0.5  # ... or the oldest whose answer has been going out this long, when none is
+
+log = logging.getLogger(__name__)
 
 
 class _DeadlineSocket(io.RawIOBase):
@@ -91,16 +105,31 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, *args) -> None:  # scrapes every few seconds would flood the node's log
         pass
 
+    def get_stderr(self):
+        """Where wsgiref writes the traceback of an error while answering: the client's own (it timed out,
+        hung up or was closed for another) is dropped, the server's own is logged."""
+        return _ErrorLog()
+
+
+class _ErrorLog(io.TextIOBase):
+    """wsgiref's error stream. It writes while handling the exception, so the exception says whose it is."""
+
+    def write(self, text: str) -> int:
+        if text.strip() and not isinstance(sys.exc_info()[1], OSError):  # TimeoutError, ConnectionError...
+            log.warning("metrics server: %s", text.rstrip())
+        return len(text)
+
 
 class _ThreadedServer(socketserver.ThreadingMixIn, WSGIServer):
     """One thread per connection, at most MAX_CONNECTIONS at once: a new one closes the oldest connection
-    still sending its request, or is closed unanswered if every connection is past its request."""
+    still sending its request, else the oldest answered for SLOW_ANSWER_S, else it is closed unanswered."""
 
     daemon_threads = True
 
     def __init__(self, *args, **kwargs) -> None:
         self._lock = threading.Lock()
-        self._open: dict[socket.socket, bool] = {}  # connection -> its request read; oldest first
+        # connection -> when its request was read (None: still sending it); oldest connection first
+        self._open: dict[socket.socket, float | None] = {}
         super().__init__(*args, **kwargs)
 
     def process_request(self, request, client_address) -> None:
@@ -112,19 +141,22 @@ class _ThreadedServer(socketserver.ThreadingMixIn, WSGIServer):
     def _admit(self, request: socket.socket) -> bool:
         with self._lock:
             if len(self._open) >= MAX_CONNECTIONS:
-                victim = next((s for s, read in self._open.items() if not read), None)
+                victim = next((s for s, read in self._open.items() if read is None), None)
+                if victim is None:
+                    slow = time.monotonic() - SLOW_ANSWER_S
+                    victim = next((s for s, read in self._open.items() if read <= slow), None)
                 if victim is None:
                     return False
                 del self._open[victim]
                 with contextlib.suppress(OSError):
                     victim.shutdown(socket.SHUT_RDWR)  # its thread's read returns at once
-            self._open[request] = False
+            self._open[request] = None
             return True
 
     def request_read(self, request: socket.socket) -> None:
         with self._lock:
             if request in self._open:
-                self._open[request] = True
+                self._open[request] = time.monotonic()
 
     def process_request_thread(self, request, client_address) -> None:
         try:
@@ -168,6 +200,9 @@ class MetricsServer:
     def _app(self, environ, start_response):
         path = environ.get("PATH_INFO", "/")
         code = "200 OK"
+        if not _own_host_name(environ.get("HTTP_HOST")):
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain")])
+            return [b"ask for this node by its IP address, localhost or a name without a dot\n"]
         if path == "/metrics":
             body, ctype = generate_latest(self.registry), CONTENT_TYPE_LATEST
         elif path == "/health":
@@ -194,6 +229,22 @@ class MetricsServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _own_host_name(host: str | None) -> bool:
+    """Whether a Host header names this machine in a way no stranger's DNS name can (module docstring)."""
+    if host is None:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):  # [IPv6]:port
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(name)
+        return True
+    own = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    return "." not in name or name == "localhost" or name.endswith(".localhost") or name in own
 
 
 def _port_error(exc: OSError, host: str, port: int) -> ConfigError:
