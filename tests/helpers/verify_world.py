@@ -18,6 +18,7 @@ from swarmnode.swarm.exchange.verify import ALL_REASONS, Verifier
 from swarmnode.swarm.wire import codec, convert, limits, protocol
 from swarmnode.tasks import Question, TaskBank
 from tests.helpers import oracles
+from tests.helpers.clocks import FakeClock
 
 SWARM = "verify-test"
 NOW = 1_767_225_600.0  # the receiver's wall clock (unix seconds)
@@ -29,14 +30,6 @@ FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_
 
 HONEST = Identity.generate()
 HOSTILE = Identity.generate()
-
-
-class FakeClock:
-    def __init__(self, t: float):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Node:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.dht_world import dht_world  # noqa: F401 (a fixture for the DHT tests)
+
 
 @pytest.fixture
 def nodes():

@@ -25,14 +25,11 @@ from pathlib import Path
 
 import hivemind
 import psutil
-import pytest
 
-from swarmnode.config import SwarmConfig
 from benchmarks.harness.waiting import wait_until
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.swarm import Swarm
 from swarmnode.swarm.net import daemon, dht
-from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, dht_rules
 from swarmnode.swarm.wire.limits import MAX_SWARM_ID_BYTES
 from tests.helpers import dht_attacker
@@ -54,49 +51,6 @@ RECORD_WAIT_S = 20.0
 WORK_BITS = 8
 
 
-def _transport(tmp_path: Path, name: str, swarm_id: str, initial: list[str], mode: str = "public"):
-    identity = Identity.generate()
-    path = tmp_path / f"{name}.key"
-    identity.save(path)
-    cfg = SwarmConfig(
-        swarm_id=swarm_id, initial_peers=initial, reachability=mode, identity_work_bits=WORK_BITS
-    )
-    transport = Transport(path, cfg)
-    return transport, identity
-
-
-class Net:
-    """Honest transports and bare attacker DHTs started by one test, all stopped at its end."""
-
-    def __init__(self, tmp_path: Path):
-        self.tmp_path = tmp_path
-        self.transports: list[Transport] = []
-        self.attackers: list[hivemind.DHT] = []
-
-    def honest(self, name: str, swarm_id: str, initial: list[str], mode: str = "public"):
-        transport, identity = _transport(self.tmp_path, name, swarm_id, initial, mode)
-        self.transports.append(transport)
-        return transport, identity, transport.start()
-
-    def attacker(self, initial: list[str], *, client: bool = True) -> hivemind.DHT:
-        attacker = hivemind.DHT(initial_peers=initial, client_mode=client, start=True)
-        self.attackers.append(attacker)
-        return attacker
-
-    def close(self) -> None:
-        for attacker in self.attackers:
-            daemon.stop_dht_process(attacker)
-        for transport in reversed(self.transports):
-            transport.shutdown()
-
-
-@pytest.fixture
-def net(tmp_path):
-    world = Net(tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
 
 
 def _run(attacker: hivemind.DHT, coroutine, timeout_s: float = 120.0, **kwargs):
@@ -109,13 +63,13 @@ def _own_card(identity: Identity, swarm_id: str) -> bytes:
     return dht_attacker.card(identity, swarm_id, time.time(), work_bits=WORK_BITS)
 
 
-def test_a_full_roster_read_with_its_announcement_keys_leaves_the_dht_process_alive(net):
+def test_a_full_roster_read_with_its_announcement_keys_leaves_the_dht_process_alive(dht_world):
     """Before #26 one read of ~510 announcement keys sent hivemind's DHT process a request over its command
     pipe that the process read from a non-blocking socket ([Errno 11], then EOFError): the process died."""
     swarm_id = "s" * MAX_SWARM_ID_BYTES  # an honest swarm may have the longest id: the longest keys
-    a, _, addrs = net.honest("a", swarm_id, [])
-    reader, reader_id, _ = net.honest("reader", swarm_id, addrs)
-    attacker = net.attacker(addrs)
+    a, _, addrs = dht_world.honest("a", swarm_id, [])
+    reader, reader_id, _ = dht_world.honest("reader", swarm_id, addrs)
+    attacker = dht_world.attacker(addrs)
     indices = dht_attacker.shard_filling(b"roster-fill", ROSTER_SYBILS_PER_SHARD)
     t = time.monotonic()
     stored = _run(
@@ -164,10 +118,10 @@ def test_a_full_roster_read_with_its_announcement_keys_leaves_the_dht_process_al
     assert dht.put_card(reader.records, other, reader_id.peer_id, _own_card(reader_id, other), 60)
 
 
-def test_requests_of_any_size_from_many_threads_reach_the_dht_process_whole(net):
+def test_requests_of_any_size_from_many_threads_reach_the_dht_process_whole(dht_world):
     """The cause itself, without the pages ``DHTRecords`` sends: 8 threads each send one 600-key request
     (~80 KiB pickled, over the pipe's 64 KiB) to the DHT process at once, 3 times."""
-    node, _, _ = net.honest("node", "pipe", [])
+    node, _, _ = dht_world.honest("node", "pipe", [])
     keys = [
         dht_rules.announce_key("p" * MAX_SWARM_ID_BYTES, dht_attacker.sybil(b"pipe", i).peer_id)
         for i in range(600)
@@ -188,11 +142,11 @@ def test_requests_of_any_size_from_many_threads_reach_the_dht_process_whole(net)
     assert node.dht_alive() and answers == [{}] * 24
 
 
-def test_a_sybil_card_in_the_cache_does_not_hide_the_honest_cards_of_its_shard(net):
+def test_a_sybil_card_in_the_cache_does_not_hide_the_honest_cards_of_its_shard(dht_world):
     swarm_id = "shadow"
-    a, _, addrs = net.honest("a", swarm_id, [])
-    b, _, _ = net.honest("b", swarm_id, addrs)
-    attacker = net.attacker(addrs)
+    a, _, addrs = dht_world.honest("a", swarm_id, [])
+    b, _, _ = dht_world.honest("b", swarm_id, addrs)
+    attacker = dht_world.attacker(addrs)
     in_shard_0 = (dht_attacker.sybil(b"honest", i) for i in range(1000))
     honest = [h for h in in_shard_0 if dht_rules.roster_shard(h.peer_id) == 0][:3]
     for identity in honest:  # stored the honest way: through a node, for the full record lifetime
@@ -211,18 +165,18 @@ def test_a_sybil_card_in_the_cache_does_not_hide_the_honest_cards_of_its_shard(n
     )  # fmt: skip
     print(f"the Sybil card was taken into {cached} storing node(s)' cache")
 
-    fresh, _, _ = net.honest("fresh", swarm_id, addrs, mode="private")  # a client: it stores nothing itself
+    fresh, _, _ = dht_world.honest("fresh", swarm_id, addrs, mode="private")  # a client: it stores nothing
     seen = {peer for peer, _ in dht.read_roster(fresh.records, swarm_id, RECORD_WAIT_S)}
     assert {h.peer_id for h in honest} <= seen, (
         f"{len({h.peer_id for h in honest} & seen)} of 3 honest cards seen"
     )
 
 
-def test_junk_swarms_filling_the_storage_budget_do_not_refuse_the_nodes_own_swarm(net):
+def test_junk_swarms_filling_the_storage_budget_do_not_refuse_the_nodes_own_swarm(dht_world):
     swarm_id = "home"
-    a, _, addrs = net.honest("a", swarm_id, [])
-    b, b_id, _ = net.honest("b", swarm_id, addrs)
-    attacker = net.attacker(addrs)
+    a, _, addrs = dht_world.honest("a", swarm_id, [])
+    b, b_id, _ = dht_world.honest("b", swarm_id, addrs)
+    attacker = dht_world.attacker(addrs)
     indices = dht_attacker.shard_filling(b"fill", FILL_IDENTITIES // dht_rules.ROSTER_SHARDS)  # 64 a shard
     t = time.monotonic()
     stored = 0
@@ -256,10 +210,10 @@ def _reset_peak(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def test_msgpack_bombs_in_a_store_and_a_find_answer_cost_the_dht_process_little_memory(net):
+def test_msgpack_bombs_in_a_store_and_a_find_answer_cost_the_dht_process_little_memory(dht_world):
     swarm_id = "bombed"
-    a, a_id, addrs = net.honest("a", swarm_id, [])
-    attacker = net.attacker(addrs, client=False)  # a server: it answers a's finds
+    a, a_id, addrs = dht_world.honest("a", swarm_id, [])
+    attacker = dht_world.attacker(addrs, client=False)  # a server: it answers a's finds
     pid = a._dht.pid
 
     before = _reset_peak(pid)

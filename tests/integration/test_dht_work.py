@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import functools
 import time
-from pathlib import Path
 
 import hivemind
-import pytest
 
-from swarmnode.config import SwarmConfig
 from swarmnode.identity import Identity
-from swarmnode.swarm.net import daemon, dht
-from swarmnode.swarm.net.transport import Transport
+from swarmnode.swarm.net import dht
 from swarmnode.swarm.wire import dht_rules
 from tests.helpers import dht_attacker
 
@@ -33,45 +29,6 @@ WORKLESS_SHARE = 0.25  # what records without work may take of it (dht_guard; no
 FREE_CARDS = 64  # a whole roster shard (dht_rules.MAX_SUBKEYS_PER_KEY)
 RECORD_WAIT_S = 20.0
 ATTACK_TIMEOUT_S = 180.0
-
-
-class Net:
-    """Honest transports and bare attacker DHTs started by one test, all stopped at its end."""
-
-    def __init__(self, tmp_path: Path):
-        self.tmp_path = tmp_path
-        self.transports: list[Transport] = []
-        self.attackers: list[hivemind.DHT] = []
-
-    def honest(self, name: str, initial: list[str], mode: str = "public") -> tuple[Transport, list[str]]:
-        path = self.tmp_path / f"{name}.key"
-        Identity.generate().save(path)
-        cfg = SwarmConfig(
-            swarm_id=SWARM, initial_peers=initial, reachability=mode, identity_work_bits=WORK_BITS
-        )
-        transport = Transport(path, cfg)
-        self.transports.append(transport)
-        return transport, transport.start()
-
-    def attacker(self, initial: list[str]) -> hivemind.DHT:
-        attacker = hivemind.DHT(initial_peers=initial, client_mode=True, start=True)
-        self.attackers.append(attacker)
-        return attacker
-
-    def close(self) -> None:
-        for attacker in self.attackers:
-            daemon.stop_dht_process(attacker)
-        for transport in reversed(self.transports):
-            transport.shutdown()
-
-
-@pytest.fixture
-def net(tmp_path):
-    world = Net(tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
 
 
 def _run(attacker: hivemind.DHT, coroutine, **kwargs) -> int:
@@ -87,10 +44,11 @@ def _in_shard(tag: bytes, shard: int) -> Identity:
     )
 
 
-def test_free_keys_filling_a_storing_node_leave_room_for_an_honest_card_and_announcements(net):
-    server, addrs = net.honest("server", [])  # the one DHT server: every record is stored there
-    writer, _ = net.honest("writer", addrs, mode="private")  # a client: it stores nothing itself
-    attacker = net.attacker(addrs)
+def test_free_keys_filling_a_storing_node_leave_room_for_an_honest_card_and_announcements(dht_world):
+    # the one DHT server: every record is stored there; the writer is a client and stores nothing itself
+    server, _, addrs = dht_world.honest("server", SWARM, [])
+    writer, _, _ = dht_world.honest("writer", SWARM, addrs, mode="private")
+    attacker = dht_world.attacker(addrs)
 
     shard = 0
     indices = [

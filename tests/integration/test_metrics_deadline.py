@@ -13,43 +13,25 @@ import urllib.request
 
 from swarmnode.metrics import NodeCollector
 from swarmnode.metrics_server import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer
+from tests.helpers.http_clients import ReconnectingClient
 
 TRICKLERS = MAX_CONNECTIONS + 4
 TRICKLE_S = 1.0  # one byte this often: far under the 5 s a per-read timeout allowed
-RECONNECT_S = 0.05  # a closed trickler reconnects this soon
 SCRAPES = 5
 SCRAPE_ANSWER_S = 2.0  # each scrape answered within this
 
 
-class Trickler(threading.Thread):
-    """Connects, sends a request one byte every TRICKLE_S that never ends, reconnects when closed; records
-    how long each of its connections lived. Bounded: stops on ``stop`` or after ``max_s``."""
+class Trickler(ReconnectingClient):
+    """Sends a request one byte every TRICKLE_S that never ends."""
 
-    def __init__(self, port: int, stop: threading.Event, max_s: float):
-        super().__init__(daemon=True)
-        self.port, self.stop, self.max_s = port, stop, max_s
-        self.lived: list[float] = []
-        self.connected = threading.Event()
-
-    def run(self) -> None:
-        end = time.monotonic() + self.max_s
-        while not self.stop.is_set() and time.monotonic() < end:
+    def hold(self, sock: socket.socket, end: float) -> None:
+        self.connected.set()
+        sock.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
+        while not self.stop.is_set() and time.monotonic() < end and not _closed(sock, TRICKLE_S):
             try:
-                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+                sock.sendall(b"a")
             except OSError:
-                self.stop.wait(0.05)
-                continue
-            opened = time.monotonic()
-            self.connected.set()
-            with sock:
-                sock.sendall(b"GET /metrics HTTP/1.0\r\nX-Slow: ")
-                while not self.stop.is_set() and time.monotonic() < end and not _closed(sock, TRICKLE_S):
-                    try:
-                        sock.sendall(b"a")
-                    except OSError:
-                        break
-            self.lived.append(time.monotonic() - opened)
-            self.stop.wait(RECONNECT_S)
+                break
 
 
 def _closed(sock: socket.socket, wait_s: float) -> bool:

@@ -18,6 +18,7 @@ import urllib.request
 
 from swarmnode.metrics import NodeCollector
 from swarmnode.metrics_server import MAX_CONNECTIONS, REQUEST_DEADLINE_S, MetricsServer
+from tests.helpers.http_clients import ReconnectingClient
 
 PAGE_BYTES = 4 * 1024 * 1024
 SCRAPES = 10
@@ -33,47 +34,20 @@ class BigPageCollector(NodeCollector):
         return page
 
 
-class NonReader(threading.Thread):
-    """Sends ``GET /page.json`` whole, never reads, reconnects as soon as the server closes it. Bounded by
-    ``stop`` and ``max_s``."""
+class NonReader(ReconnectingClient):
+    """Sends ``GET /page.json`` whole, with a small receive buffer, and never reads a byte of the answer."""
 
-    def __init__(self, port: int, stop: threading.Event, max_s: float):
-        super().__init__(daemon=True)
-        self.port, self.stop, self.max_s = port, stop, max_s
-        self.connected = threading.Event()
-
-    def run(self) -> None:
-        end = time.monotonic() + self.max_s
-        while not self.stop.is_set() and time.monotonic() < end:
+    def hold(self, sock: socket.socket, end: float) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with contextlib.suppress(OSError):
+            sock.sendall(b"GET /page.json HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        self.connected.set()
+        while not self.stop.is_set() and time.monotonic() < end:  # until the server closes it
             try:
-                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+                sock.send(b"\n")  # past the request, never read; raises once the server closed the connection
             except OSError:
-                self.stop.wait(0.05)
-                continue
-            with sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                with contextlib.suppress(OSError):
-                    sock.sendall(b"GET /page.json HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-                self.connected.set()
-                while not self.stop.is_set() and time.monotonic() < end:  # wait for the close, reading nothing
-                    try:
-                        sock.settimeout(0.2)
-                        if sock.recv(1, socket.MSG_PEEK) == b"" or self._closed(sock):
-                            break
-                    except TimeoutError:
-                        continue
-                    except OSError:
-                        break
-                    self.stop.wait(0.2)
-
-    @staticmethod
-    def _closed(sock: socket.socket) -> bool:
-        """Bytes are waiting (the answer): the server may still be writing; closed once it resets."""
-        try:
-            sock.send(b"")
-        except OSError:
-            return True
-        return False
+                return
+            self.stop.wait(0.2)
 
 
 def test_clients_that_never_read_the_answer_cannot_hold_the_metrics_server(capfd):
@@ -98,7 +72,8 @@ def test_clients_that_never_read_the_answer_cannot_hold_the_metrics_server(capfd
         stop.set()
         for r in readers:
             r.join(5)
-        print(f"answered {len(answered)} of {SCRAPES} (slowest {max(answered, default=0):.2f} s); {failed[:2]}")
+        slowest = max(answered, default=0.0)
+        print(f"answered {len(answered)} of {SCRAPES} (slowest {slowest:.2f} s); {failed[:2]}")
         assert len(answered) == SCRAPES, failed
     finally:
         stop.set()

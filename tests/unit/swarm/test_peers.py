@@ -8,17 +8,7 @@ import pytest
 from swarmnode.swarm.exchange.peers import IMMEDIATE_BAN_REASONS, MiB, PeerBook
 from swarmnode.swarm.exchange.verify import VERIFY_REASONS
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, REJECT_REASONS, ProtocolError
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
+from tests.helpers.clocks import FakeClock
 
 
 @pytest.fixture

@@ -8,17 +8,7 @@ import pytest
 
 from swarmnode.swarm.exchange import standing
 from swarmnode.swarm.exchange.peers import PeerBook
-
-
-class FakeClock:
-    def __init__(self, t: float = 1000.0):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
+from tests.helpers.clocks import FakeClock
 
 
 @pytest.fixture
