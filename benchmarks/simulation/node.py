@@ -268,7 +268,7 @@ class Observer:
 
     def _budget_done(self) -> bool:
         """k_scope "standing": the round's K first pulls started, ended and were verified; nothing more
-        comes for this round (the code's ``state.pulls_done_round``)."""
+        comes for this round (the code's ``Arrivals.pulls_done``)."""
         proto = self.sim.protocol
         k = proto.pulls_per_round(self.sim.scenario.j)
         return (
