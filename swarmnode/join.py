@@ -167,7 +167,7 @@ def run_join(cfg: NodeConfig, config_path: Path | None = None) -> None:
             known.update(roster())
             return chosen
 
-        node.run(exchange=exchange, peer_counts=swarm.round_counts)
+        node.run(exchange=exchange, peer_counts=swarm.round_counts, on_trained=swarm.credit_trained)
     except KeyboardInterrupt:  # Ctrl-C before the rounds (waiting for peers) is a stop on purpose too
         node.stopped_cleanly = True
         raise

@@ -271,10 +271,14 @@ class Node:
         log(f"checkpoint {path}")
 
     def run(
-        self, exchange: Exchange | None = None, peer_counts: Callable[[], PeerRoundCounts] | None = None
+        self,
+        exchange: Exchange | None = None,
+        peer_counts: Callable[[], PeerRoundCounts] | None = None,
+        on_trained: Callable[[dict[str, int]], None] | None = None,
     ) -> None:
         """Run until ``run.rounds`` rounds are complete (forever if None); ``peer_counts`` adds what the
-        round's exchange received to its record. Probe when due (probe.py). On Ctrl-C or SIGTERM, stop at
+        round's exchange received to its record; ``on_trained`` is told the peer groups each round trained
+        on, per producer (``rounds.RoundContext``). Probe when due (probe.py). On Ctrl-C or SIGTERM, stop at
         the next safe point, checkpoint the last completed round and raise ``Stopped`` (stopping.py)."""
         stop = StopSignals()
         ctx = RoundContext(
@@ -288,6 +292,7 @@ class Node:
             exchange=exchange,
             progress=self._progress,
             before_update=stop.hold,
+            on_trained=on_trained,
         )
         target = self.cfg.run.rounds
         every = self.cfg.run.checkpoint_every

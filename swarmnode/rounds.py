@@ -39,6 +39,8 @@ class RoundContext:
     exchange: Exchange | None = None
     progress: Callable[[str], None] | None = None  # told what the round is doing now (the console)
     before_update: Callable[[], None] | None = None  # called just before the weights start to change
+    # told, after the step, how many peer groups of each producer it trained on (``trained_peer_groups``)
+    on_trained: Callable[[dict[str, int]], None] | None = None
 
 
 def _say(ctx: RoundContext, what: str) -> None:
@@ -80,6 +82,17 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
     _say(ctx, f"sampled {tokens} tokens ({tokens / max(t_score - t_sample, 1e-9):.0f} tok/s); scoring")
     groups = [ctx.bank.score_group(q, c, provenance) for q, c in zip(questions, completions, strict=True)]
     return groups, tokens, time.perf_counter() - t_score
+
+
+def trained_peer_groups(sequences: Sequence) -> dict[str, int]:
+    """Per producer, the distinct peer groups among ``sequences`` (the ones handed to the step, after the
+    node's own scoring and peer defence) that carry signal: at least one nonzero advantage. This is what
+    earns a peer standing here (``PeerBook.credit_trained``): only what this node trained on counts."""
+    groups: dict[str, set[int]] = defaultdict(set)
+    for s in sequences:
+        if s.group.provenance.source == "peer" and s.advantage != 0:
+            groups[s.group.provenance.producer].add(id(s.group))
+    return {producer: len(ids) for producer, ids in groups.items()}
 
 
 def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
@@ -125,6 +138,8 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         system_prompt=ctx.cfg.sampling.system_prompt,
     )
     stats = ctx.trainer.step(sequences, floor_only=untrained)
+    if ctx.on_trained is not None:
+        ctx.on_trained(trained_peer_groups(sequences))
     ctx.trainer.release_gradients()
     return_freed_heap()
     t_train = time.perf_counter()

@@ -8,7 +8,10 @@ only once the last is verified: a verification that bans its author or finds it 
 before more of its bytes), each from its first holder not backed off, within ``pull_timeout_s`` of the
 announced size. A holder that timed out or could not be reached is backed off (BACKOFF_BASE_S, doubling
 up to BACKOFF_MAX_S), so a silent peer holds one slot for one timeout; after MAX_FETCH_ATTEMPTS tries (one
-for an author without standing) the next holder is asked. Bytes other than announced (``hash_mismatch``)
+for an author without standing) the next holder is asked. Every failed pull costs the holder score
+(PULL_PENALTIES), with standing or without: standing is kept by serving, not by having been trained on. A
+graylisted author (``PeerBook.is_graylisted``) is treated like a banned one: its batches are not considered
+and it is never asked as a holder. Bytes other than announced (``hash_mismatch``)
 charge the holder that sent them, an oversized frame costs a strike, "not found" from the author half of
 one (NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its author settled; behind NAT
 only after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
@@ -75,6 +78,9 @@ RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 # "closed" are what an honest peer behind NAT gives some of its peers (others may still pull its batches
 # through a holder), "oversize" is refused before the body and "not found" from the author is charged.
 PROBATION_ENDING_FAILURES = frozenset({"timeout"})
+# a pull's failure as a score penalty of the holder (exchange/standing.py PENALTIES): a timeout held a
+# slot for its whole length; "closed"/"unreachable" cost little (NAT); "oversize"/"not_found" strike instead
+PULL_PENALTIES = {"timeout": "pull_timeout", "closed": "pull_failed", "unreachable": "pull_failed"}
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 HOLDER_WAIT_S = 3.0  # behind NAT: how long a batch whose holders all failed waits for a holder's offer
 MAX_PENDING = 1024  # batches announced and not yet pulled
@@ -158,7 +164,7 @@ class Puller:
         self._client_mode = client_mode
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
-        # candidates not taken: "author_full", "probation_full", "full", "round_budget"
+        # candidates not taken: "author_full", "probation_full", "full", "round_budget", "graylisted"
         self.dropped: Counter[str] = Counter()
         self.budget = RoundBudget(pulls_per_round, arrivals.window)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
@@ -192,6 +198,9 @@ class Puller:
                 holders.append(candidate.holder)
             return
         author = candidate.author
+        if self.book.is_graylisted(author):  # like a banned author: not pending, not pulled
+            self.dropped["graylisted"] += 1
+            return
         announcement = self.verifier.check_announcement(candidate.record, author)
         if announcement is None:
             return
@@ -351,11 +360,11 @@ class Puller:
         return True
 
     def _next_holder(self, pending: Pending, now: float, tries: int) -> str | None:
-        """The first holder with tries left that is not backed off and not banned."""
+        """The first holder with tries left that is not backed off and not graylisted (nor banned)."""
         for holder in pending.holders:
             backed_off = self.backoff.get(holder, (0.0, 0))[0] > now
             if pending.attempts[holder] < tries and not backed_off:
-                if not self.book.is_banned(holder):
+                if not self.book.is_graylisted(holder):  # banned, or a score under GRAYLIST_SCORE
                     return holder
                 pending.attempts[holder] = MAX_FETCH_ATTEMPTS
         return None
@@ -388,6 +397,8 @@ class Puller:
         self._trace("batch", **trace, error=reason)
         if reason in PROBATION_ENDING_FAILURES:  # a holder without standing had its first chance
             self.roster.fail_probation(holder)
+        if reason in PULL_PENALTIES:  # measured here: costs the holder's score, with standing or without
+            self.book.penalise(holder, PULL_PENALTIES[reason])
         if reason in RETRYABLE_FETCH_FAILURES:
             _, failures = self.backoff.pop(holder, (0.0, 0))
             delay = min(BACKOFF_BASE_S * 2**failures, BACKOFF_MAX_S)

@@ -10,8 +10,9 @@ a round waits for. A crashed peer lingers until its card expires; an OFFLINE car
 Cards are checked alike wherever they come from: signature and sender, the identity's proof of work
 (``work_bits``, this swarm's setting: ``no_identity_work`` otherwise), protocol version, task fingerprint
 (peers of another task mix or scorer version are ``incompatible``: skipped, never charged), freshness and
-sequence number (an older card than one admitted is ignored). Refusals are counted by reason in
-``refused``.
+sequence number (an older card than one admitted is ignored); a graylisted peer (``PeerBook.is_graylisted``:
+banned, or a score under GRAYLIST_SCORE) not yet in the view gets no seat. Refusals are counted by reason
+in ``refused``.
 
 The roster is this node's *view* of the swarm, not the swarm (docs/scaling.md): at most ``view_size`` cards
 (``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and
@@ -139,6 +140,8 @@ class Roster:
                 return
             if card.offline:  # it stopped cleanly: not waited for, until a later online card says otherwise
                 self._remove(peer)
+            elif peer not in self.cards and self.book.is_graylisted(peer):  # no probation seat either
+                self.refused["graylisted"] += 1
             elif peer in self.cards or self._make_room(peer):
                 self.cards[peer] = card
 

@@ -119,8 +119,9 @@ class ExchangeService:
             self.read_roster_soon, self._wake.set,
         )  # fmt: skip
         self.notices = NoticeReceiver(
-            self.inbox.add_notice, allow=lambda peer: not book.is_banned(peer), origins=origins
-        )
+            self.inbox.add_notice, allow=lambda peer: not book.is_banned(peer), origins=origins,
+            on_origin=book.note_origin,  # the colocation penalty: where each authenticated sender is
+        )  # fmt: skip
         transport.serve(NOTICE_STREAM, self.notices.handle)
         transport.serve(reachability.DIALBACK_STREAM, self.dialback.handle)
         self._threads: list[threading.Thread] = []

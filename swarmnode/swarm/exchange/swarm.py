@@ -114,8 +114,8 @@ class Swarm:
         data plane."""
         self.addrs = self.transport.start()
         self.transport.payloads.set_peer_filter(lambda peer: not self.book.is_banned(peer))
-        # the serving slots kept for peers in good standing: groups accepted outweigh their strikes
-        self.transport.payloads.set_peer_standing(lambda peer: self.book.reputation(peer) > 0)
+        # the serving slots kept for peers with standing: groups of theirs this node trained on, not decayed
+        self.transport.payloads.set_peer_standing(self.book.has_standing)
         self.announcer.start(self.addrs, round_, policy_version)
         self.arrivals.open_round(round_)
         self.service.start()
@@ -186,6 +186,7 @@ class Swarm:
         t_start = time.time()
         deadline = time.monotonic() + self.cfg.swarm.share_deadline_s  # bounds publishing too
         self.announcer.set_progress(round_, policy_version)
+        self.book.tick_round()  # the score's per-round decay (exchange/standing.py)
         self.arrivals.open_round(round_)
         self.publish(round_, policy_version, local, deadline)
         # The peers to wait for are read once (the service's last roster read): one joining mid-exchange
@@ -203,6 +204,13 @@ class Swarm:
         records.append_peer_groups(self.run_dir, round_, taken.groups, self.write_failures)
         self.write_status(round_, policy_version)
         return taken.groups
+
+    def credit_trained(self, groups_by_producer: dict[str, int]) -> None:
+        """The round's hook after its step: credit each producer for its groups this node trained on (the
+        only way a peer earns standing here, exchange/standing.py)."""
+        for producer, n_groups in groups_by_producer.items():
+            if n_groups > 0 and producer != self.identity.peer_id:
+                self.book.credit_trained(producer, n_groups)
 
     def _still_awaited(self, peer: str) -> bool:
         """Whether the round still waits for ``peer``: in the roster and not banned."""

@@ -93,16 +93,20 @@ class NoticeReceiver:
     """The notice stream handler and its bounds (module docstring); ``counts`` is thread-safe to read.
 
     ``origins``: the identities-per-origin cap (``OriginCaps.from_config(transport.swarm)``); without it,
-    the config's defaults."""
+    the config's defaults. ``on_origin(holder, origin)``: told the origin network of each notice's
+    authenticated sender once it passed the caps (the swarm's colocation measure); never of the author
+    named in the bytes. Called on the event loop: it must not block."""
 
     def __init__(
         self,
         on_notice: Callable[[bytes, str, str, bytes], bool],
         allow: Callable[[str], bool],
         origins: OriginCaps | None = None,
+        on_origin: Callable[[str, str | None], None] | None = None,
     ):
         self._on_notice = on_notice
         self._allow = allow
+        self._on_origin = on_origin
         self.origins = origins if origins is not None else OriginCaps.from_config(SwarmConfig())
         self.counts: Counter[str] = Counter()
         self._counts_lock = threading.Lock()  # the service counts unknown authors from its own thread
@@ -138,6 +142,8 @@ class NoticeReceiver:
             if not self.origins.admit(origin, holder):
                 self.count("origin_cap")
                 return
+            if self._on_origin is not None:
+                self._on_origin(holder, origin)
             if not self._take_token(holder, time.monotonic()):
                 self.count("rate_limited")
                 return

@@ -14,8 +14,8 @@ SERVE_MIN_BYTES_PER_S, at most ``serve_timeout_s`` (SERVE_MAX_S): a stream past 
 slot freed. That is never shorter than a puller waits (``exchange.puller.pull_timeout_s``: 3 s + n / 512
 KiB/s, at most 10 s), so serving never gives up on a pull its puller still waits for.
 
-Slots are kept for peers in good standing (``set_peer_standing``: the swarm says which, peers whose
-groups it accepted and that are not struck): peers not in good standing share at most ``max_streams`` x
+Slots are kept for peers in good standing (``set_peer_standing``: the swarm says which, peers with
+standing: groups of theirs it trained on, exchange/standing.py): peers not in good standing share at most ``max_streams`` x
 (1 - ``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known peer; of those,
 one origin network (``net.origins``: IPv4 /24, IPv6 /48; loopback exempt unless configured otherwise)
 holds at most MAX_OPEN_STREAMS_PER_ORIGIN (``origin_cap``). A stream that finds its slots full evicts

@@ -41,10 +41,10 @@ def world(tmp_path, bank, monkeypatch):
 
 
 def _authors(parts, bank, n: int, standing: bool, **kw) -> list[Author]:
-    """``n`` authors; with ``standing`` each has delivered a verified group here already."""
+    """``n`` authors; with ``standing`` each has had a group trained on here already."""
     authors = [Author(parts.net, parts.swarm_id, bank, **kw) for _ in range(n)]
     for author in authors if standing else []:
-        parts.book.reward(author.peer_id)
+        parts.book.credit_trained(author.peer_id)
     return authors
 
 

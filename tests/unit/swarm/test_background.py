@@ -58,6 +58,7 @@ def test_pulls_run_concurrently_up_to_the_bound_and_each_gets_a_size_timeout(wor
 def test_a_silent_peer_costs_one_slot_and_is_backed_off_before_it_is_tried_again(world, monkeypatch):
     monkeypatch.setattr(puller, "PULL_TIMEOUT_BASE_S", 2.0)
     silent, *honest = world.authors(4, standing=True)
+    world.book.credit_trained(silent.peer_id, 3)  # trained on often: one timeout leaves it standing
     world.net.behaviour[silent.peer_id] = "silent"
     silent.publish()
     world.start()

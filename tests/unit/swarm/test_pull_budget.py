@@ -118,7 +118,7 @@ def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
     authors = world.authors(4 * NOTICE_FANOUT)
     standing = {a.peer_id for a in authors[: NOTICE_FANOUT // 2]}
     for peer in standing:
-        world.book.reward(peer)
+        world.book.credit_trained(peer)
     world.service.refresh_roster()
     assert len(world.roster.members()) == len(authors)
     draws = [world.roster.notice_targets() for _ in range(20)]
@@ -164,7 +164,7 @@ def test_a_batch_of_the_last_wave_heard_of_late_never_takes_this_rounds_budget(w
     world.arrivals.open_round(1)  # ... and the round ends before anyone hears of them
     time.sleep(0.05)
     for author in fresh:
-        world.book.reward(author.peer_id)
+        world.book.credit_trained(author.peer_id)
         author.publish()
     for author, record in zip(late, late_records, strict=True):  # heard of now, by a late notice
         assert world.service.inbox.add_notice(record, author.peer_id, author.peer_id)
@@ -207,14 +207,15 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
 
 
 def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
-    """The share counts identities new here: a newcomer whose first chance was given (here it served
-    tampered bytes, so it has no standing) gets its next batch pulled though the round's share is spent;
-    its later batches are bounded per identity instead (strikes, the failed-probation order)."""
+    """The share counts identities new here: a newcomer whose first chance was given (here it was
+    unreachable, so it has no standing; one that served tampered bytes is now graylisted by its strike and
+    not pulled at all) gets its next batch pulled though the round's share is spent; its later batches are
+    bounded per identity instead (strikes, the failed-probation order)."""
     budget = world.service.puller.budget
     world.authors(WORLD_PEER_GROUPS, standing=True)
     share = budget.k
     tried, *others = world.authors(share)
-    world.net.behaviour[tried.peer_id] = "tamper"
+    world.net.behaviour[tried.peer_id] = "unreachable"
     tried.publish()
     world.start()
     assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.arrivals.snapshot().counters

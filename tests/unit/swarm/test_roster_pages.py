@@ -30,7 +30,7 @@ def _fill_roster(world) -> set[str]:
         if len(world.net.store.get(key, {})) < dht_rules.MAX_SUBKEYS_PER_KEY:
             card = signed_card(identity, world.swarm_id, world.roster.fingerprint, 1)
             world.net.put(key, identity.peer_id, card, 60)
-            world.book.reward(identity.peer_id)
+            world.book.credit_trained(identity.peer_id)
             peers.add(identity.peer_id)
     return peers
 
