@@ -17,9 +17,10 @@ one (NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its a
 only after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
 (exchange/intake.py).
 
-A round pulls at most K = ``pull_budget(J)`` batches of authors with standing, announced in its window
-(``round_budget``): a node trains on J peer groups a round, so its work must grow with J, not with the
-swarm. Past K batches are dropped, not deferred (a round late they would be stale), and
+A round pulls at most K = ``pull_budget(J)`` batches of authors with standing, announced in its window,
+one per author, half of K kept for the highest scores (``round_budget``; "announced" and "freshest" by
+``round_budget.local_time``: a signed timestamp clamped to when this node heard of the batch): a node
+trains on J peer groups a round, so its work must grow with J, not with the swarm. Past K batches are dropped, not deferred (a round late they would be stale), and
 ``Arrivals.pulls_done`` tells the round that nothing more is coming. Authors without standing new here get
 K first chances a round of their own; past those their batches wait, pending, for a later round's. An
 author once tried is not charged again: its later batches are bounded per identity.
@@ -53,7 +54,7 @@ from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
-from swarmnode.swarm.exchange.round_budget import RoundBudget
+from swarmnode.swarm.exchange.round_budget import RoundBudget, local_time
 from swarmnode.swarm.exchange.standing import PENDING_PER_AUTHOR, PROBATION_PENDING, PROBATION_PULLS
 from swarmnode.swarm.exchange.verify import Verifier
 from swarmnode.swarm.wire.limits import MAX_FRAME_BYTES, payload_digest
@@ -124,6 +125,11 @@ class Pending:
     @property
     def author(self) -> str:
         return self.holders[0]
+
+    @property
+    def announced(self) -> float:
+        """When it counts as announced here: the signed timestamp clamped to when it was first heard of."""
+        return local_time(self.announcement.timestamp, self.seen)
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,8 @@ class Puller:
         if key in self._pulled or self.verifier.already_accepted(announcement.payload_sha256):
             self.verifier.count_repeat(announcement, author)
             return
-        if self.book.has_standing(author) and self.budget.spent(announcement.timestamp):  # for good
+        announced = local_time(announcement.timestamp, candidate.seen)
+        if self.book.has_standing(author) and self.budget.spent(announced, author, top=True):  # for good
             self._pulled.add(key)
             self.dropped["round_budget"] += 1
             return
@@ -253,12 +260,16 @@ class Puller:
     def start_pulls(self) -> None:
         """Start pulls for pending batches, in ``_pull_order``, while slots (and the round's budget) last."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
-        for key, pending, standing in self._pull_order():
-            if wall - pending.announcement.timestamp > self.verifier.max_age_s:  # expired unpulled
+        order = self._pull_order()
+        tops = self._top_authors(order)
+        for key, pending, standing in order:
+            if wall - pending.announced > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
                 continue
             first_pull = not pending.attempts
-            if standing and first_pull and self.budget.spent(pending.announcement.timestamp):  # for good
+            top = pending.author in tops
+            spent = self.budget.spent(pending.announced, pending.author, top)
+            if standing and first_pull and spent:  # for good
                 self._give_up(key, settle=False)
                 self.dropped["round_budget"] += 1
                 continue
@@ -281,7 +292,7 @@ class Puller:
             pending.pulling = True
             pending.attempts[holder] += 1
             if first_pull and standing:
-                self.budget.charge()
+                self.budget.charge(pending.author, top)
             elif new_author:
                 self.budget.charge_exploration()
                 self._tried.add(pending.author)
@@ -301,11 +312,18 @@ class Puller:
 
     def _tell_if_done(self) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
-        if not self.budget.round_spent() or self._in_flight[True]:
+        tops = self._top_authors(self._pull_order())
+        if not self.budget.round_spent(tops_pending=bool(tops)) or self._in_flight[True]:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
             return  # a batch of this round's budget is still between tries
         self.arrivals.pulls_done(self.budget.round)
+
+    def _top_authors(self, order: list[tuple[tuple[str, bytes], Pending, bool]]) -> set[str]:
+        """The authors with standing and a batch waiting for its first pull whose score is among the
+        ``budget.reserved`` highest of them (``PeerBook.ranked``): the reserve of K is theirs."""
+        waiting = dict.fromkeys(p.author for _, p, standing in order if standing and not p.attempts)
+        return set(self.book.ranked(waiting)[: self.budget.reserved])
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
@@ -313,7 +331,7 @@ class Puller:
         newest first, authors by their newest); in the probation share, authors on their first chance
         first."""
         queues: dict[str, list[tuple[str, bytes]]] = {}
-        fresh = lambda key: -self.pending[key].announcement.timestamp  # noqa: E731
+        fresh = lambda key: -self.pending[key].announced  # noqa: E731
         for key in sorted((k for k, p in self.pending.items() if not p.pulling), key=fresh):
             queues.setdefault(key[0], []).append(key)
         standing = {author: self.book.has_standing(author) for author in queues}

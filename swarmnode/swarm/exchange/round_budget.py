@@ -10,14 +10,32 @@ superseded, and verified like any other (PROTOCOL.md section 7).
 
 A round's window opens when the last exchange ends (``Arrivals.take``). A batch announced before belongs
 to the last wave: heard of only now (by the DHT poll, seconds after the notices), it would be trained on a
-round late, so it is dropped, like every batch past the K. Announcement times are the author's clock, and
-peers' clocks agree within seconds: a peer whose clock is behind loses the batches it announces in the
-first seconds of a window, never more. The measurements behind these choices: docs/scaling.md.
+round late, so it is dropped, like every batch past the K. What "announced" means is measured here
+(``local_time``): the author's signed timestamp clamped to when this node first heard of the batch, so a
+timestamp signed in the future counts as "now" and buys nothing (an old one is only against its signer).
+
+Fair shares of K, whatever authors sign:
+- at most one batch per author counts against K in a round (``spent``/``charge`` with the author): a few
+  identities publishing many batches take at most one pull each;
+- ``reserved`` = K // RESERVED_SHARE of K is kept for the authors with the highest score
+  (``PeerBook.ranked``: what this node trained on, measured here); the rest goes to any author with
+  standing in the puller's order. The reserve is not waited for: ``round_spent`` is true once the rest is
+  spent and no top author's batch is pending.
+The measurements behind these choices: docs/scaling.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+
+RESERVED_SHARE = 2  # K // this of a round's K is kept for the authors with the highest score
+
+
+def local_time(announced_ts: float, seen: float) -> float:
+    """When a batch counts as announced here: its signed timestamp, clamped to ``seen`` (time.time() this
+    node first heard of it). Windows, expiry and "freshest first" read this, never the claim alone."""
+    return min(announced_ts, seen)
 
 
 class RoundBudget:
@@ -27,28 +45,47 @@ class RoundBudget:
         self._window = window
         self.round = -1  # the round whose window is open
         self._opened = 0.0  # when it opened (0: the node's first round)
-        self._used = 0  # first pulls started in it
+        self._used = 0  # first pulls started in it, outside the reserve ...
+        self._top_used = 0  # ... and of the reserve
+        self._authors: set[str] = set()  # authors charged in it (one batch each)
         self._explored = 0  # ... and first chances of new authors without standing
+
+    @property
+    def reserved(self) -> int:
+        """The pulls of K kept for the authors with the highest score."""
+        return self.k // RESERVED_SHARE
 
     def _roll(self) -> None:
         round_, opened = self._window()
         if round_ != self.round:
             self.round, self._opened, self._used, self._explored = round_, opened, 0, 0
+            self._top_used, self._authors = 0, set()
 
-    def spent(self, announced_ts: float) -> bool:
-        """Whether a batch announced at ``announced_ts`` is not to be pulled: of the last wave, or past K."""
+    def spent(self, announced_ts: float, author: str = "", top: bool = False) -> bool:
+        """Whether a batch announced at ``announced_ts`` (``local_time``) by ``author`` (``top``: among the
+        highest scores) is not to be pulled: of the last wave, its author already charged this round, or
+        past its share of K."""
         self._roll()
-        return announced_ts < self._opened or self._used >= self.k
+        if announced_ts < self._opened or author in self._authors:
+            return True
+        return self._used >= self.k - self.reserved and not (top and self._top_used < self.reserved)
 
-    def charge(self) -> None:
-        """A first pull started."""
+    def charge(self, author: str = "", top: bool = False) -> None:
+        """A first pull of ``author``'s batch started (``top``: the reserve pays while it lasts)."""
         self._roll()
-        self._used += 1
+        if author:
+            self._authors.add(author)
+        if top and self._top_used < self.reserved:
+            self._top_used += 1
+        else:
+            self._used += 1
 
-    def round_spent(self) -> bool:
-        """This round's K have all started."""
+    def round_spent(self, tops_pending: bool = False) -> bool:
+        """This round's K have all started; or the part outside the reserve has, and no batch of a top
+        author is pending (``tops_pending``): the reserve is not waited for."""
         self._roll()
-        return self._used >= self.k
+        rest_spent = self._used >= self.k - self.reserved
+        return rest_spent and (self._top_used >= self.reserved or not tops_pending)
 
     def exploration_spent(self) -> bool:
         """Whether this round's K first chances of new authors without standing are used up."""
