@@ -217,6 +217,12 @@ class PeerBook:
             peer.accepted_groups += n_groups
             peer.reputation = min(REPUTATION_MAX, peer.reputation + REPUTATION_PER_GROUP * n_groups)
 
+    def delivered(self, peer_id: str) -> bool:
+        """Whether a verified group of ``peer_id`` was accepted here (``reward``) and it is not banned now."""
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return peer is not None and peer.accepted_groups > 0 and self.clock() >= peer.banned_until
+
     # --- score and standing (exchange/standing.py) -----------------------------------------------
     def credit_trained(self, peer_id: str, n_groups: int = 1) -> None:
         """Credit ``peer_id`` for ``n_groups`` of its groups this node trained on that carried signal

@@ -265,10 +265,16 @@ class Roster:
         """Whether a peer that is live now (not banned, signed within ``ttl_s`` / 2) has started its rounds:
         its newest signed message names round 1 or later. The swarm runs already, and a node that went on
         waiting for ``min_peers`` would only start a cohort behind it (32 loopback nodes: 11 waited out
-        ``wait_for_peers_s`` while the other 21 ran all their rounds, docs/scaling.md)."""
+        ``wait_for_peers_s`` while the other 21 ran all their rounds, docs/scaling.md). Only a peer with
+        standing here or with a batch verified here counts: a claim alone costs one identity."""
         now = time.time()
         with self._lock:
-            return any(self.progress(peer)[0] >= 1 and self._is_live(peer, now) for peer in self.cards)
+            return any(
+                self.progress(peer)[0] >= 1
+                and self._is_live(peer, now)
+                and (self.book.has_standing(peer) or self.book.delivered(peer))
+                for peer in self.cards
+            )
 
     def missed(self, peers: set[str]) -> None:
         """``peers`` were waited for and did not deliver: those without standing are not waited for again."""

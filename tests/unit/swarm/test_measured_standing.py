@@ -12,6 +12,7 @@ from benchmarks.harness.waiting import wait_until
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
 from swarmnode.rounds import trained_peer_groups
+from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.standing import PENALTIES
 from swarmnode.swarm.net import notices
 from tests.helpers.scripted_net import received
@@ -104,3 +105,17 @@ def test_a_notice_tells_the_origin_of_its_authenticated_holder_only():
     asyncio.run(deliver())
     assert seen == [("holder", "203.0.113.0/24")]
     assert receiver.snapshot() == {"received": 1}
+
+
+def test_the_start_barrier_ends_only_on_a_running_peer_with_standing_or_a_batch_verified_here(world):
+    """The old barrier ended on any live card or announcement claiming round >= 1: one Sybil announcing
+    "round 1" ended a node's wait for ``min_peers``."""
+    (claimant,) = world.authors(1)
+    world.service.refresh_roster()
+    record, _ = claimant.publish(announce=False)
+    now = time.time()
+    world.service.puller.consider(Candidate(record, claimant.peer_id, claimant.peer_id, "notice", now, now))
+    assert world.roster.progress(claimant.peer_id)[0] == 1
+    assert not world.roster.running_peer()  # a claim alone
+    world.book.reward(claimant.peer_id)  # a batch of it verified here
+    assert world.roster.running_peer()

@@ -63,4 +63,5 @@ def test_a_live_peer_past_its_start_tells_a_waiting_node_the_swarm_is_running(wo
     world.book.ban(banned.peer_id, "forged")
     assert world.roster.progress(banned.peer_id)[0] == 1 and not world.roster.running_peer()
     _announce(world, fresh)
+    world.book.reward(fresh.peer_id)  # and a batch of it verified here: a claim alone says nothing
     assert world.roster.running_peer()
