@@ -50,7 +50,7 @@ class DHTHealth:
 class PeerStatus:
     """A roster peer: model and tokenizer from its newest card; round and policy version from its newest
     signed message checked here (its card or a batch announcement: ``Roster.progress``) and
-    ``seen_s_ago`` that message's age; whether it has standing here (a verified group of it accepted) and
+    ``seen_s_ago`` that message's age; whether it has standing here (groups of it trained on: standing.py) and
     whether it is banned."""
 
     model: str
