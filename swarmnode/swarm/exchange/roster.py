@@ -18,16 +18,19 @@ The roster is this node's *view* of the swarm, not the swarm (docs/scaling.md): 
 (``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and
 waits for, and what its roster pages cost once the view is full (exchange/service.py), stay the same at
 100 nodes and at 10,000. The DHT's roster shards and the cards that notices carry are where members come
-from. Allocation by standing (exchange/standing.py): at most half the view (``PROBATION_CARDS`` at the
-default) of peers without standing; a newer probation card replaces the oldest one; a card of a peer with
-standing replaces a probation card when the view is full; and a newcomer's card replaces the member with
-standing heard from least recently while members with standing hold more than the other half, so the
-probation share is always open to newcomers and a flood of them leaves that half to members with
-standing. A peer without standing whose first chance failed (``fail_probation``: a pull from it held a
-slot for its whole timeout, or it served other bytes than announced) goes behind every peer still on its
-first chance for PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits
-(``to_wait_for``) for live peers with standing; only while none is live, for peers without it, and for
-each of those only until its first miss (``missed``).
+from. Allocation by standing (exchange/standing.py), by local measures only (never a peer-signed time):
+at most half the view (``PROBATION_CARDS`` at the default) of peers without standing; a newer probation
+card replaces the oldest one; a card of a peer with standing replaces a probation card when the view is
+full, else the least useful member with standing (lowest score, then heard from least recently here) if
+it out-scores that one by RETURN_MARGIN; a newcomer's card replaces a member with standing only while
+those hold more than the other half, and only one not heard from here within a card lifetime (the least
+useful of those), so probation churn cannot eclipse active members; the standing bound (at most ~24 J
+peers hold standing, exchange/standing.py) leaves newcomers seats in a view of 128. A peer without
+standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole
+timeout, or it served other bytes than announced) goes behind every peer still on its first chance for
+PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for
+live peers with standing; only while none is live, for peers without it, and for each of those only
+until its first miss (``missed``).
 
 Every method takes the roster's own lock, and readers get copies (``live_peers``, ``cards_now``,
 ``members_progress``): the round thread reads the roster for status and waits, the service thread admits.
@@ -58,6 +61,9 @@ MAX_IGNORED_PEERS = 4096  # peers whose card was refused (or incompatible), reme
 VIEW_SIZE = 2 * PROBATION_CARDS
 PROBATION_RETRY_S = 600.0  # a peer whose first chance failed comes last this long ...
 MAX_FAILED_PROBATION = 16384  # ... and this many such peers are remembered (~1.5 MiB)
+# a member with standing returning to a full view displaces the least useful member only if its own score
+# is higher by this much (half a trained group's credit): no churn among equals
+RETURN_MARGIN = 0.5
 
 
 class Roster:
@@ -92,6 +98,7 @@ class Roster:
         self.shard_reads = [0] * dht_rules.ROSTER_SHARDS  # ... and of each shard (a read takes a page)
         self.refused: Counter[str] = Counter()  # cards not taken, by reason
         self._heard: dict[str, BatchAnnouncement] = {}  # peer -> its newest announcement checked here
+        self._heard_at: dict[str, float] = {}  # peer -> when (``clock``) it last signed something new here
         self._probation: OrderedDict[str, None] = OrderedDict()  # cards without standing, oldest first
         self._failed: OrderedDict[str, float] = OrderedDict()  # failed probation: peer -> refused until
         self._missed: set[str] = set()  # peers without standing that missed a round they were waited for
@@ -143,6 +150,8 @@ class Roster:
             elif peer not in self.cards and self.book.is_graylisted(peer):  # no probation seat either
                 self.refused["graylisted"] += 1
             elif peer in self.cards or self._make_room(peer):
+                if self.cards.get(peer) != card:
+                    self._heard_at[peer] = self.clock()
                 self.cards[peer] = card
 
     def _make_room(self, peer: str) -> bool:
@@ -153,14 +162,32 @@ class Roster:
         if not standing and full or len(self.cards) >= self.view_size:
             if self._probation and (standing or full):
                 self._remove(next(iter(self._probation)))  # the oldest probation card makes room
-            elif not standing:  # members with standing hold more than their share: the stalest gives way
-                self._remove(min(self.cards.keys() - self._probation.keys(), key=self._signed_last))
-            else:
-                self.refused["roster_full"] += 1
-                return False
+            elif not standing:  # members with standing hold more than their share: one gone quiet gives way
+                quiet = [p for p in self._members_with_standing() if self._quiet(p)]
+                if not quiet:  # never one heard from within a card lifetime: no eclipse by probation churn
+                    self.refused["roster_full"] += 1
+                    return False
+                self._remove(self._least_useful(quiet))
+            else:  # a member with standing returns: it displaces the least useful one it out-earned
+                victim = self._least_useful(self._members_with_standing())
+                if self.book.score(victim) > self.book.score(peer) - RETURN_MARGIN:
+                    self.refused["roster_full"] += 1
+                    return False
+                self._remove(victim)
         if not standing:
             self._probation[peer] = None
         return True
+
+    def _members_with_standing(self) -> list[str]:
+        return [p for p in self.cards if p not in self._probation]
+
+    def _quiet(self, peer: str) -> bool:
+        """Not heard from here (a new card or announcement, by this node's clock) within a card lifetime."""
+        return self.clock() - self._heard_at.get(peer, -float("inf")) > self.ttl_s
+
+    def _least_useful(self, peers: list[str]) -> str:
+        """By local measures only: the lowest score here, then the least recently heard from here."""
+        return min(peers, key=lambda p: (self.book.score(p), self._heard_at.get(p, -float("inf"))))
 
     def fail_probation(self, peer: str) -> None:
         """``peer`` had no standing and its first chance failed (exchange/puller.py): for PROBATION_RETRY_S
@@ -188,6 +215,7 @@ class Roster:
         self.cards.pop(peer, None)
         self._probation.pop(peer, None)
         self._heard.pop(peer, None)
+        self._heard_at.pop(peer, None)
         self._missed.discard(peer)
         self.live.discard(peer)
 
@@ -288,6 +316,7 @@ class Roster:
             heard = self._heard.get(peer)
             if peer in self.cards and (heard is None or announcement.timestamp > heard.timestamp):
                 self._heard[peer] = announcement
+                self._heard_at[peer] = self.clock()
 
     def progress(self, peer: str) -> tuple[int, int, float]:
         """(round, policy version, signed at) from ``peer``'s newest signed message checked here: its card
