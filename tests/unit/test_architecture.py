@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import swarmnode
@@ -37,11 +38,12 @@ MAX_MODULE_LINES = 450  # a module a newcomer reads in one sitting; past this it
 README = PACKAGE.parent / "README.md"
 REPO = PACKAGE.parent
 TREES = ("swarmnode", "benchmarks", "tests")  # a tree imports itself and the trees before it, never after
-# top-level modules the runtime dependencies (pyproject's [project] dependencies) bring with them
-RUNTIME = HEAVY | {
-    "accelerate", "gguf", "tokenizers", "msgpack", "cryptography", "base58", "prometheus_client", "typer",
-    "pydantic", "yaml", "tqdm", "numpy", "huggingface_hub", "multiaddr", "psutil",
-}
+PYPROJECT = REPO / "pyproject.toml"
+IMPORT_NAMES = {"pyyaml": "yaml"}  # a runtime dependency whose module is not its name, "-" read as "_"
+# what the package may import beyond its declared runtime dependencies: what they bring with them
+# (numpy: torch and transformers; huggingface_hub: transformers; psutil: accelerate), and the vllm
+# sampler's own extra, imported only by that sampler
+BROUGHT = {"numpy", "huggingface_hub", "psutil", "vllm"}
 
 
 def layer_of(module: str) -> str:
@@ -266,6 +268,24 @@ def tree_violations(graph: dict[str, set[str]]) -> list[str]:
 
 
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
+
+
+def runtime_modules(pyproject: str) -> set[str]:
+    """Top-level modules the package may import: its ``[project] dependencies`` (pyproject.toml) by module
+    name, and ``BROUGHT``. The extras (``test``: scipy, pytest...) are not among them."""
+    requirements = tomllib.loads(pyproject)["project"]["dependencies"]
+    names = {re.match(r"[A-Za-z0-9._-]+", r).group().lower().replace("-", "_") for r in requirements}
+    return {IMPORT_NAMES.get(n, n) for n in names} | BROUGHT
+
+
+RUNTIME = runtime_modules(PYPROJECT.read_text())
+
+
+def test_the_runtime_modules_are_pyprojects_dependencies():
+    pyproject = '[project]\ndependencies = ["torch>=2.4", "pyyaml>=6", "reasoning-gym==0.1.25"]\n'
+    pyproject += '[project.optional-dependencies]\ntest = ["scipy>=1.10"]\n'
+    assert runtime_modules(pyproject) == {"torch", "yaml", "reasoning_gym"} | BROUGHT
+    assert "scipy" not in RUNTIME and "pytest" not in RUNTIME
 
 
 def test_imports_go_tests_then_benchmarks_then_swarmnode():
