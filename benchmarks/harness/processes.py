@@ -2,7 +2,8 @@
 
 Each node is a subprocess (its own hivemind DHT and p2pd) started from the repository root; the
 helpers end only the processes they started, by PID, and every wait is bounded. The integration tests
-and the benchmarks both drive nodes through this module.
+and the benchmarks both drive nodes through this module. A wait that misses raises ``AssertionError`` with
+the node's last output (a test failure; a driver catches it and reports), also under ``python -O``.
 """
 
 from __future__ import annotations
@@ -97,8 +98,10 @@ class NodeProc:
         """Until metrics.jsonl has round ``round_`` (the node must stay up meanwhile)."""
         deadline = time.monotonic() + timeout_s
         while not any(r["round"] >= round_ for r in self.metrics()):
-            assert self.proc.poll() is None, self.output()
-            assert time.monotonic() < deadline, f"no round {round_} in {timeout_s}s:\n{self.output()}"
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node {self.run_dir} exited before round {round_}:\n{self.output()}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no round {round_} in {timeout_s}s:\n{self.output()}")
             time.sleep(1.0)
 
     def interrupt(self, timeout_s: float = 90.0) -> int:

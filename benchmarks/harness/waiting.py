@@ -1,4 +1,4 @@
-"""The one bounded poll that the tests and the experiment drivers use: every wait on another thread or
+"""The one bounded poll that the tests and the benchmarks' drivers use: every wait on another thread or
 process has a deadline, and the caller says what a miss means (an ``assert`` with a message in a test,
 a ``False`` that a driver reports)."""
 
