@@ -60,10 +60,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import drop_checkpoints
+from benchmarks.harness.processes import read_jsonl
 from benchmarks.machine import describe_machine, machine_info
 from benchmarks.memory import peak_bytes, return_freed_memory
 from swarmnode.config import ModelConfig, OffPolicyConfig, SamplingConfig, TrainConfig, load_config
-from benchmarks.harness.processes import read_jsonl
 from swarmnode.learn.batch import TrainSequence, left_pad
 from swarmnode.learn.heap import sampling_heap
 from swarmnode.learn.logprobs import sampler_vs_learner_logprobs

@@ -5,7 +5,7 @@ Every arm (``benchmarks/sharing/arms.py``: silo, silo-L, L/E splits, the off-pol
 ``--specialise A B``, spec-silo, spec-L/E and generalist-silo) runs ``--nodes`` real ``swarmnode`` processes
 on 127.0.0.1, one torch thread each, on the same config; seed s gives node i the question stream
 ``tasks.seed = 1000 s + i`` and ``train.seed = s`` in every arm, so arms compare paired by seed. Question
-draws are common (#28): node i's question j of round r is the same whichever number it samples a round,
+draws are common: node i's question j of round r is the same whichever number it samples a round,
 so silo-4's first two questions of a round are silo-2's and 2/2's. (Summaries made before that drew
 index ``round * count + j``: a silo node and a 2/2 node of one seed answered different questions.)
 
@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import behind_other_sessions, drop_checkpoints, one_at_a_time, record_exit, wait_all
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
 from benchmarks.machine import describe_machine, machine_info
 from benchmarks.sharing.arms import Arm, TaskSplit, build_arms, parse_split, select_arms, stream_seed
-from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
 from benchmarks.sharing.sapo_report import (
     ROUND_FIELDS,
     dump,

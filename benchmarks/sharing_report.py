@@ -1,4 +1,4 @@
-"""The report of #28's experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2), rebuilt from the
+"""The report of the sharing experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2), rebuilt from the
 committed per-(arm, seed) summaries alone by one command: each experiment's block of ``--report`` (between
 its markers) and its probe-curve plot. E1's spec-2/2 run without the peer defence has a folder of its own
 (``docs/sharing/e1-undefended``) and enters E1's block as one more arm. An experiment without summaries
@@ -14,8 +14,8 @@ import os
 import sys
 from pathlib import Path
 
-from benchmarks.sharing.sapo_report import write_report
 from benchmarks.sharing.report import BLOCKS, EXPERIMENTS, FOLDERS, load_experiment
+from benchmarks.sharing.sapo_report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,8 +13,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.machine import describe_machine, machine_info
 from benchmarks.harness.processes import REPO
+from benchmarks.machine import describe_machine, machine_info
 from benchmarks.reliability.soak import check, run_soak
 
 

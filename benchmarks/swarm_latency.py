@@ -53,10 +53,10 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import record_exit, wait_all
-from benchmarks.machine import describe_machine, machine_info
-from swarmnode.config import load_config
 from benchmarks.harness.cohorts import cohorts
 from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
+from benchmarks.machine import describe_machine, machine_info
+from swarmnode.config import load_config
 from swarmnode.swarm.exchange.records import PEER_GROUPS_FILE, SHARE_TRACE_ENV, TRAFFIC
 
 REPO = Path(__file__).resolve().parents[1]

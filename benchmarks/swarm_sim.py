@@ -1,6 +1,6 @@
-"""Simulate the public network (#27): per-node work, delivery latency, rounds that fill J and bootstrap
-nodes, for swarms no machine here can run: the data plane as it was (today), as the code is (bounded) and
-as #27 designs it (target).
+"""Simulate the public network (docs/scaling.md): per-node work, delivery latency, rounds that fill J and
+bootstrap nodes, for swarms no machine here can run: the data plane as it was (today), as the code is
+(bounded) and as the target design has it (target).
 
 The model is ``benchmarks.simulation.engine`` (what is exact and what is approximated is said there),
 priced by ``benchmarks.simulation.load`` with the per-operation costs of benchmarks/swarm_sim_costs.json
@@ -18,7 +18,7 @@ runs it: for validation). Usage:
 ``--validate`` reads a ``benchmarks.swarm_latency --json`` report that carries the per-node counts
 (``benchmarks.simulation.validation`` says which fields, and computes them from metrics.jsonl),
 simulates each of its swarm sizes with the loopback profile and that run's round time, and prints
-simulated / measured per field (the #27 bar: within 25%).
+simulated / measured per field (the bar: within 25%).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from benchmarks.simulation.engine import Result, simulate
 from benchmarks.simulation.load import Costs, bootstrap_load, per_node_costs
 from benchmarks.simulation.scenario import Protocol, Scenario
 from benchmarks.simulation.validation import FIELDS, TOLERANCE, compare, loopback_per_node
-from benchmarks.simulation.engine import Result, simulate
 
 COSTS = Path(__file__).with_name("swarm_sim_costs.json")
 SWARM_BENCHMARK = "docs/swarm-benchmark.md, run H (2026-11-23)"

@@ -1,7 +1,7 @@
 """A Sybil flood (512 fresh identities by default) against a 4-node honest swarm and a newcomer.
 
 The driver is ``benchmarks/reliability/sybil_flood.py``: its docstring says what runs and what is measured;
-``check`` there says what must hold (issue #26, acceptance 2). Exits 1 on a problem.
+``check`` there says what must hold. Exits 1 on a problem.
 
     .venv/bin/python -m benchmarks.sybil_flood --identities 512 --json runs/flood/report.json
 """

@@ -1,7 +1,7 @@
 """Step 0 of the sharing experiments: the untrained model's greedy pass@1 on candidate tasks
-(``benchmarks/sharing/difficulty.py``: the audited datasets, harder arithmetic settings), ``--questions`` held-out questions
-each, as ``swarmnode eval`` scores them; a table on stdout and every number in ``--json``. Candidates in
-the 10-40% band are marked (E1), and those at 10-15% (E2).
+(``benchmarks/sharing/difficulty.py``: the audited datasets, harder arithmetic settings), ``--questions``
+held-out questions each, as ``swarmnode eval`` scores them; a table on stdout and every number in
+``--json``. Candidates in the 10-40% band are marked (E1), and those at 10-15% (E2).
 
     .venv/bin/python -m benchmarks.task_difficulty --set sampling.max_new_tokens=48
     .venv/bin/python -m benchmarks.task_difficulty --only "bf, default" --questions 2 --json /tmp/d.json
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.machine import describe_machine, machine_info
-from swarmnode.config import load_config, parse_override
 from benchmarks.sharing.difficulty import CANDIDATES, measure, table
+from swarmnode.config import load_config, parse_override
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Whether a loopback swarm run was one swarm or split into cohorts (#27), from its run folders' traces.
+"""Whether a loopback swarm run was one swarm or split into cohorts, from its run folders' traces.
 
 At 32 nodes on one machine a swarm once split in two in time: 17 nodes' roster reads timed out, they
 waited out ``wait_for_peers_s`` and ran their rounds a wait later than the rest, each half training on

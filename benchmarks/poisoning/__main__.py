@@ -1,4 +1,4 @@
-"""#29's attack harness: correct peer answers that carry a payload, against a node and its defences.
+"""The poisoning harness: correct peer answers that carry a payload, against a node and its defences.
 
 A node (the embedded SmolLM2 on node_configs/arithmetic-easy.yaml by default) is trained through the
 project's own round; every round up to two attacker identities send it signed batches whose correct
@@ -39,7 +39,9 @@ from benchmarks.poisoning.run import (
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.poisoning", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--payload", choices=KINDS, default="sentence-start", help="what the attackers hide")
     parser.add_argument(
         "--defences",

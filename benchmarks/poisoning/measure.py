@@ -1,4 +1,4 @@
-"""The measures of #29's attack harness, taken on the node as it is at a checkpoint (``Yardstick.take``).
+"""The measures of the poisoning harness, taken on the node as it is at a checkpoint (``Yardstick.take``).
 
 - **Attack success**: the node's own samples on held-out questions (the first ``questions`` of the eval
   stream, ``tasks.eval_seed``, tasks in turn), G each, drawn with the node's sampler at its sampling
@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from swarmnode.config import NodeConfig
 from benchmarks.poisoning import payloads
+from swarmnode.config import NodeConfig
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.heap import return_freed_heap, sampling_heap
 from swarmnode.learn.logprobs import completion_logprobs

@@ -1,4 +1,4 @@
-"""Payloads of #29's attack harness: what a hostile peer hides in its correct completions, and how to see it.
+"""Payloads of the poisoning harness: what a hostile peer hides in its correct completions, and how to see it.
 
 A payload is text a node would not write on its own. The attacker puts it only in its *correct*
 completions, so a verifier that scores the answer alone accepts them, and GRPO gives every payload token

@@ -1,4 +1,4 @@
-"""The hostile peers of #29's attack harness and the node's real receiving side, without a network.
+"""The hostile peers of the poisoning harness and the node's real receiving side, without a network.
 
 ``Attacker`` speaks for up to two identities (each within the per-producer cap of a round's J peer
 groups). Each identity draws its own questions (its own task stream seed), regenerates them from the
@@ -28,8 +28,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from swarmnode.config import DRAW_STRIDE, NodeConfig
 from benchmarks.poisoning import payloads
+from swarmnode.config import DRAW_STRIDE, NodeConfig
 from swarmnode.identity import Identity
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
 from swarmnode.swarm.exchange.peers import PeerBook

@@ -1,11 +1,12 @@
-"""#29's results from the arms' summaries (docs/poisoning/<arm>-seed<seed>.json): the tables docs/poisoning.md
+"""The poisoning harness's results from the arms' summaries (docs/poisoning/<arm>-seed<seed>.json): the
+tables docs/poisoning.md
 shows, rebuilt by ``python -m benchmarks.poisoning --report``.
 
 - **attack**: per attacked arm, the payload's attack success and teacher-forced log-prob per token at
   each checkpoint, the probe's pass@1 and the share of peer tokens a defence took out of the loss;
 - **cost**: per control arm (honest attackers, clean completions), the node's local reward over the last
   ``TAIL_ROUNDS`` rounds and its final probe pass@1, each with its 95% interval, and whether a defended
-  control's values fall inside the undefended control's intervals (#29's acceptance 2).
+  control's values fall inside the undefended control's intervals (a defence must not cost honest learning).
 
 The reward interval is Student's t over the tail's rounds (rounds are correlated, so it is optimistic);
 pass@1's is Wilson's, over the probe's questions.

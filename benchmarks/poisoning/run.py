@@ -1,4 +1,4 @@
-"""One arm of #29's attack harness: a node trained through its own round with hostile peer groups.
+"""One arm of the poisoning harness: a node trained through its own round with hostile peer groups.
 
 ``run_arm`` builds the node as ``swarmnode solo`` does (``node.Node``: policy, task bank, sampler,
 trainer, probe, all from the config) in a run folder of its own, and drives the project's round
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmnode.common import log
-from swarmnode.config import NodeConfig, load_config, parse_override
 from benchmarks.poisoning import payloads
-from benchmarks.sharing.arms import stream_seed
 from benchmarks.poisoning.measure import Checkpoint, Yardstick
 from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver
+from benchmarks.sharing.arms import stream_seed
+from swarmnode.common import log
+from swarmnode.config import NodeConfig, load_config, parse_override
 from swarmnode.learn.batch import PEER_TOKEN_FACTOR, to_sequences
 from swarmnode.round_record import RoundRecord
 from swarmnode.rounds import RoundContext, run_round

@@ -37,7 +37,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from swarmnode import checkpoint
 from benchmarks.harness.processes import (
     CLOCK_JUMP,
     REPO,
@@ -48,6 +47,7 @@ from benchmarks.harness.processes import (
     stop_all,
 )
 from benchmarks.harness.waiting import wait_until
+from swarmnode import checkpoint
 
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
 ROUND_RE = re.compile(r"^round\s+(\d+)\s")

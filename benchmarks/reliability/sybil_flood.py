@@ -1,4 +1,4 @@
-"""A Sybil flood against a small honest swarm (issue #26, acceptance 2), shared by its test and benchmark.
+"""A Sybil flood against a small honest swarm, shared by its test and benchmark (``check``: what must hold).
 
 ``run_flood`` starts ``nodes`` honest ``swarmnode join`` processes (node_configs/tiny.yaml, the share
 trace on) on 127.0.0.1. Once they have all finished a round it starts ``hosts`` attacker processes
@@ -379,7 +379,8 @@ if __name__ == "__main__":
     attack(Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
 
 
-# what acceptance 2 of issue #26 asks, and the memory bound measured for a tiny node under the flood
+# what must hold under the flood (honest batches still pulled in time, a newcomer let in within a
+# minute), and the memory bound measured for a tiny node under it
 MIN_PULLED_SHARE = 0.9
 NEWCOMER_LIMIT_S = 60.0
 MAX_NODE_ANON_KIB = 1536 * 1024  # a tiny node's whole tree (node, DHT process, p2pd): ~0.8 GiB unflooded

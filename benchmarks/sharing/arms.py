@@ -7,7 +7,7 @@ Table 1, sharing (SAPO, arXiv 2509.08721, Table 1; a node trains on ``groups`` q
   L/E           a swarm: L local groups + E verified peer groups per round
 Table 2, off-policy corrections: foreign-none/luffy (peers withhold their log-probs), stale-none/remix
 (silo nodes that also replay their own older groups).
-Specialists (#28, E1): two tasks A and B in every node's mix (``TaskSplit``):
+Specialists (experiment E1): two tasks A and B in every node's mix (``TaskSplit``):
   spec-silo        specialists alone: nodes 0..n/2-1 sample only A, the others only B
   spec-L/E         the same specialists in a swarm, ``groups`` split in half
   generalist-silo  silo nodes sampling A and B 50/50, at spec-silo's sampling

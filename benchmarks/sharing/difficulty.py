@@ -1,4 +1,5 @@
-"""Step 0 of #28: how often the untrained model solves each candidate task, to pick E1's two tasks and
+"""Step 0 of the sharing experiments: how often the untrained model solves each candidate task, to pick
+E1's two tasks and
 E2's mix before any learning run.
 
 A task teaches through GRPO only where the model is sometimes right: at pass@1 near 0 every group is

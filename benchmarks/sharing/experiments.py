@@ -1,4 +1,4 @@
-"""When does sharing help (#28): the metrics and verdict rules of experiments E1 and E2, fixed here before
+"""When does sharing help: the metrics and verdict rules of experiments E1 and E2, fixed here before
 any run, so that the data cannot choose them.
 
 E1, division of labour. Every node holds tasks A and B in its mix; in spec-silo and spec-2/2 nodes 0..n/2-1
@@ -34,15 +34,15 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.sharing.arms import silo_name
 from benchmarks.harness.stats import Equivalence, Interval, equivalence, paired
+from benchmarks.sharing.arms import silo_name
 
 E1_TRANSFER_MARGIN = (
     0.03  # E1 primary: |spec-2/2 - spec-silo| on the never-sampled task below it = no transfer
 )
 E1_OWN_TASK_MARGIN = 0.03  # E1 secondary: spec-2/2 may lose at most this much own-task pass@1
 E2_AREA_MARGIN = 0.02  # E2: probe area differences inside +-this are "the same"
-# seeds the design fixes (#28); a verdict on fewer is interim, and the runs go on whatever it says
+# seeds the design fixes; a verdict on fewer is interim, and the runs go on whatever it says
 E1_SEEDS = 6
 E2_SEEDS = 8
 # spec-2/2 run with offpolicy.peer_defence=none (docs/sharing.md): what the default defence costs

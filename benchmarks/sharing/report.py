@@ -1,6 +1,6 @@
-"""The report of #28's experiments E1 and E2 (``benchmarks.sharing_report``), built from the committed
+"""The report of the sharing experiments E1 and E2 (``benchmarks.sharing_report``), built from the committed
 per-(arm, seed) summaries of ``benchmarks.sapo_table`` alone: the pre-stated comparisons and verdicts of
-``sharing``, per-task tables, the probe curves as plots, and the commands that made the summaries.
+``experiments``, per-task tables, the probe curves as plots, and the commands that made the summaries.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.harness.stats import interval, t_quantile
 from benchmarks.sharing import experiments
 from benchmarks.sharing.sapo_report import load_summaries, show
-from benchmarks.harness.stats import interval, t_quantile
 
 BLOCKS = {  # experiment -> the markers its generated block sits between in the report
     name: (f"<!-- sharing-{name}:begin (generated: python -m benchmarks.sharing_report) -->",
@@ -106,7 +106,9 @@ def arm_table(
     ]
     for name in (n for n in names if n in arms):
         seeds = arms[name]
-        cells = [show(interval(list(experiments.per_seed(seeds, value).values())), ".3f") for _, value in metrics]
+        cells = [
+            show(interval(list(experiments.per_seed(seeds, value).values())), ".3f") for _, value in metrics
+        ]
         what = next(iter(seeds.values()))["what"]
         lines.append(f"| {name} | {what} | {len(seeds)} | " + " | ".join(cells) + " |")
     return lines
@@ -209,7 +211,8 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
     transfer, own = experiments.e1_comparisons(arms)
     verdicts = experiments.e1_verdicts(transfer, own)
     metrics = [
-        (f"held-out pass@1, {ROLE_WORDS[role]}", experiments.final_pass1(role)) for role in ("unsampled", "own")
+        (f"held-out pass@1, {ROLE_WORDS[role]}", experiments.final_pass1(role))
+        for role in ("unsampled", "own")
     ] + [(f"probe area, {ROLE_WORDS[role]}", experiments.area(role)) for role in ("unsampled", "own")]
     comparisons = [
         show_comparison(transfer, "held-out pass@1 on the task a node never samples (primary; no transfer "
@@ -221,15 +224,15 @@ def e1_report(parts: list[dict], plot_name: str) -> str:
         unsampled, own_task = experiments.e1_comparisons(arms, experiments.E1_UNDEFENDED, "spec-2/2")
         comparisons += [
             "",
-            f"What the peer defence costs ({experiments.E1_UNDEFENDED} runs without it; no rule was fixed for "
-            "this comparison before the runs, so it is an estimate, not a verdict):",
+            f"What the peer defence costs ({experiments.E1_UNDEFENDED} runs without it; no rule was fixed "
+            "for this comparison before the runs, so it is an estimate, not a verdict):",
             "",
             show_comparison(unsampled, "held-out pass@1 on the task a node never samples"),
             show_comparison(own_task, "held-out pass@1 on the node's own task"),
         ]
     verdict = (
-        f"{verdict_label(transfer, experiments.E1_SEEDS)} (rules and margins fixed before the runs: `{RULES}`): "
-        f"**{verdicts[0]}**; **{verdicts[1]}**."
+        f"{verdict_label(transfer, experiments.E1_SEEDS)} "
+        f"(rules and margins fixed before the runs: `{RULES}`): **{verdicts[0]}**; **{verdicts[1]}**."
     )
     per_arm = " (a generalist samples both tasks, so it has no never-sampled task)"
     body = report_body(parts, experiments.E1_ARMS, verdict, comparisons, per_arm, metrics)
@@ -243,7 +246,9 @@ def e2_report(parts: list[dict], plot_name: str) -> str:
     metrics = [("probe area", experiments.area("all")), ("held-out pass@1", experiments.final_pass1("all"))]
     what = "probe area"
     held_out = [
-        experiments.compare(arms, c.arm, c.baseline, experiments.final_pass1("all"), experiments.E2_AREA_MARGIN)
+        experiments.compare(
+            arms, c.arm, c.baseline, experiments.final_pass1("all"), experiments.E2_AREA_MARGIN
+        )
         for c in (share, batch)
     ]
     comparisons = [
@@ -257,8 +262,10 @@ def e2_report(parts: list[dict], plot_name: str) -> str:
         *(show_comparison(c, "held-out pass@1") for c in held_out),
     ]
     verdict = (
-        f"{verdict_label(share, experiments.E2_SEEDS)} (rules and margin ±{experiments.E2_AREA_MARGIN} fixed before "
-        f"the runs: `{RULES}`): " + ", ".join(f"**{v}**" for v in verdicts) + "."
+        f"{verdict_label(share, experiments.E2_SEEDS)} "
+        f"(rules and margin ±{experiments.E2_AREA_MARGIN} fixed before the runs: `{RULES}`): "
+        + ", ".join(f"**{v}**" for v in verdicts)
+        + "."
     )
     per_arm = "; probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last)"
     body = report_body(parts, experiments.E2_ARMS, verdict, comparisons, per_arm, metrics)
@@ -270,7 +277,9 @@ def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[floa
     and the half-width of its 95% interval (nan with one seed)."""
     per_seed: list[dict[int, float]] = []
     for part in seeds.values():
-        curves = [dict(experiments.probe_curve(node, experiments.tasks_of(node, role))) for node in part["nodes"]]
+        curves = [
+            dict(experiments.probe_curve(node, experiments.tasks_of(node, role))) for node in part["nodes"]
+        ]
         rounds = set.intersection(*(set(c) for c in curves))
         per_seed.append({r: sum(c[r] for c in curves) / len(curves) for r in rounds})
     rounds = sorted(set.intersection(*(set(c) for c in per_seed)))
@@ -321,7 +330,9 @@ def plot_e1(parts: list[dict], path: Path) -> None:
 
 def plot_e2(parts: list[dict], path: Path) -> None:
     plot_probe(
-        experiments.by_arm(parts), [("mean over tasks", [(name, "all") for name in experiments.E2_ARMS])], path
+        experiments.by_arm(parts),
+        [("mean over tasks", [(name, "all") for name in experiments.E2_ARMS])],
+        path,
     )
 
 

@@ -7,7 +7,7 @@ training seed in every arm, so an arm is compared with silo *paired by seed*: d_
 the mean over the arm's nodes, silo over the same node indices), and the 95% confidence interval of the
 mean of d is Student's t with n_seeds - 1 degrees of freedom. Between-seed variance (initial luck of a
 node's questions and samples) cancels in d; what is left is what the arm changes. Whether two arms of a
-seed answer the same questions depends on the draw: since #28 they do (question j of round r does not
+seed answer the same questions depends on the draw: now they do (question j of round r does not
 depend on how many a node takes a round); the summaries in docs/sapo/ predate that, and there a silo
 node (items 4r..4r+3 of round r) and a 2/2 node (items 2r, 2r+1) answered different questions.
 """

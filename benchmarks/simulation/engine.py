@@ -1,4 +1,4 @@
-"""A discrete-event model of a swarm's data plane, for swarm sizes no machine here can run (#27).
+"""A discrete-event model of a swarm's data plane, for swarm sizes no machine here can run (docs/scaling.md).
 
 What happens in the model, per node and round: the node samples, publishes one batch (a signed
 announcement, then notices), trains on J peer groups it verified, and meanwhile pulls and verifies the

@@ -7,11 +7,14 @@ or its DHT poll), keeps them pending in three queues (authors with standing; wit
 first chance failed), pulls them on the workers of each share within the protocol's caps and round budget
 (``Protocol.k_scope``: in the target, at most K a round with an exploration share; in the code, K first
 pulls of authors with standing in the round's window, and K // ``exploration_divisor`` first chances of
-the others a round (the code's divisor is 1: K), the rest of those pending for later rounds), verifies them one at a time, and ends each round's exchange when its pool holds
-J usable groups (at most ``producer_share`` of J from one author), when the code's K pulls have all
-ended, or at the deadline. It reaches the swarm only through its ``sim``
-(``simulation.Simulation``): the protocol and scenario, the clock, ``pull_outcome``, ``publish``,
-``poll_members`` and the tallies.
+the others a round (the code's divisor is 1: K), the rest of those pending for later rounds), verifies
+them one at a time, and ends each round's exchange when its pool holds J usable groups (at most
+``producer_share`` of J from one author), when the code's K pulls have all ended, or at the deadline. It
+reaches the swarm only through its ``sim`` (``engine.Simulation``): the protocol and scenario, the clock,
+``pull_outcome``, ``publish``, ``poll_members`` and the tallies.
+
+Of the code's round budget (exchange/round_budget.py) the model leaves out the one batch per author that
+counts against K and the reserve of K for the authors with the highest score (the model keeps no score).
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@ network it runs on (``Scenario``), for ``benchmarks.simulation.engine``.
 
 ``Protocol.today()`` takes every cap, timer and worker count from the code that owns it (exchange/puller,
 service, standing, pool, roster; net/notices; wire/dht_rules), so the model follows the code's values;
-``Protocol.bounded()`` is the code since #27's bounds (notices to D peers on a ring, K pulls of authors
-with standing in the round's window, a share of K a round for the others (``exploration_divisor`` 1), the roster read in pages);
-``Protocol.target()`` is #27's design: a bounded view of V peers, gossip to D of them with a hop limit H,
-at most K = k_factor x J pulls a round with an exploration share.
+``Protocol.bounded()`` is the code's bounded exchange (notices to D peers on a ring, K pulls of authors
+with standing in the round's window, K first chances a round for the others (``exploration_divisor`` 1),
+the roster read in pages);
+``Protocol.target()`` is the target design (docs/scaling.md): a bounded view of V peers, gossip to D of
+them with a hop limit H, at most K = k_factor x J pulls a round with an exploration share.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Protocol:
 
     name: str = "today"
     gossip: bool = False  # False: notify every roster peer; True: D view peers, forwarded up to H hops
-    # today's roster: every card the DHT holds (8 shards x 64), the cap before #27's view
+    # today's roster: every card the DHT holds (8 shards x 64), the cap before the bounded view
     roster_cap: int = dht_rules.ROSTER_SHARDS * dht_rules.MAX_SUBKEYS_PER_KEY
     view: int = 0  # V, the active view (gossip)
     fanout: int = 0  # D
@@ -76,7 +77,7 @@ class Protocol:
 
     @classmethod
     def bounded(cls) -> Protocol:
-        """The code since #27's bounds: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
+        """The code's bounded exchange: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
         on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
         first pulls of authors with standing a round, of batches announced in its window, and K first chances
         of authors without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the
@@ -93,7 +94,7 @@ class Protocol:
     def target(
         cls, view: int = 32, fanout: int = 6, hops: int = 2, k_factor: float = 3.0, **changes
     ) -> Protocol:
-        """#27's design: the view's keys polled, one roster shard read a minute (the roster is a
+        """The target design: the view's keys polled, one roster shard read a minute (the roster is a
         bootstrap source), a shuffle of 8 cards every 10 s."""
         knobs = dict(
             name="target",

@@ -1,6 +1,6 @@
 """The simulation against real loopback runs: the measured per-node counts, read from a
-``benchmarks.swarm_latency --json`` report, and their comparison with the simulated ones (#27: within
-25% at 8-32 nodes before the model is trusted beyond them).
+``benchmarks.swarm_latency --json`` report, and their comparison with the simulated ones (the bar:
+within 25% at 8-32 nodes before the model is trusted beyond them).
 
 The fields compared (``FIELDS``), each a mean per node and round over the statistics' rounds: notices
 sent and received, pulls started, verifications (batches verified, accepted or rejected), payload bytes
@@ -37,9 +37,9 @@ def loopback_per_node(report: dict) -> dict[int, dict]:
     ``benchmarks.swarm_latency --json`` report.
 
     Read per entry of ``report["results"]``: ``nodes``; the per-node means of every name of ``FIELDS``,
-    from ``analysis["work_per_round"]`` (what swarm_latency's ``work_per_round`` writes since #27's
-    measurement piece; its ``verifications`` are batches accepted, which on an honest run are all of
-    them) or ``analysis["per_node_per_round"]`` (``per_node_from_metrics``'s output);
+    from ``analysis["work_per_round"]`` (what swarm_latency's ``work_per_round`` writes since it counts
+    the network work per round; its ``verifications`` are batches accepted, which on an honest run are
+    all of them) or ``analysis["per_node_per_round"]`` (``per_node_from_metrics``'s output);
     ``analysis["round_p50_s"]``, the run's median round (the simulation runs with it); and the share of
     rounds that filled J, ``rounds_filling_j`` in the former or ``analysis["fill_share"]``, compared when
     present. Entries without the counts (older reports) are skipped."""
