@@ -11,9 +11,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from benchmarks.harness.processes import REPO, LineReader
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import PeerError
-from benchmarks.harness.processes import REPO, LineReader
 from swarmnode.identity import Identity
 from swarmnode.swarm.net.transport import Transport
 from tests.helpers.swarm_procs import HELPERS

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from swarmnode.config import load_config
-from swarmnode.errors import ConfigError
 from benchmarks.poisoning import payloads
 from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver, SignedBatch
+from swarmnode.config import load_config
+from swarmnode.errors import ConfigError
 from swarmnode.tasks import TaskBank
 
 TINY = "node_configs/tiny.yaml"

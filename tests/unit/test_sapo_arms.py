@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from swarmnode.config import load_config, parse_override
 from benchmarks.sharing.arms import (
     TaskSplit,
     build_arms,
@@ -14,6 +13,7 @@ from benchmarks.sharing.arms import (
     silo_name,
     specialist_arms,
 )
+from swarmnode.config import load_config, parse_override
 
 EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}
 SPLIT = TaskSplit(

@@ -12,6 +12,7 @@ import math
 import pytest
 from scipy.stats import t as student_t
 
+from benchmarks.harness.stats import Interval
 from benchmarks.sharing.sapo_report import (
     BEGIN,
     END,
@@ -25,7 +26,6 @@ from benchmarks.sharing.sapo_report import (
     verdict,
     write_report,
 )
-from benchmarks.harness.stats import Interval
 
 SILO = {  # seed -> per node, reward per round (cumulative per node: .3 .6 | .4 .4 | .6 .4)
     0: [[0.1, 0.2], [0.3, 0.3]],

@@ -10,7 +10,6 @@ import pytest
 from scipy import stats as scipy_stats
 
 from benchmarks.sharing import experiments
-from benchmarks.sharing.sapo_report import dump, summary_path, write_report
 from benchmarks.sharing.report import (
     BLOCKS,
     EXPERIMENTS,
@@ -18,6 +17,7 @@ from benchmarks.sharing.report import (
     seed_curves,
     time_spent,
 )
+from benchmarks.sharing.sapo_report import dump, summary_path, write_report
 
 A, B = "basic_arithmetic", "propositional_logic"
 SEEDS = range(6)
@@ -182,7 +182,8 @@ def test_a_probe_curve_is_read_per_task_by_round_with_a_repeated_round_counted_o
         (10, 0.5),
     ]
     assert experiments.area("own")(record) == pytest.approx((5 * 0.2 + 5 * 0.4) / 10)
-    assert experiments.final_pass1("unsampled")(record) == 0.1 and experiments.final_pass1("all")(record) == 0.3
+    assert experiments.final_pass1("unsampled")(record) == 0.1
+    assert experiments.final_pass1("all")(record) == 0.3
 
 
 def test_an_old_silo_summary_reads_as_silo_with_its_group_count():

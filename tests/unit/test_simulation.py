@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
+from benchmarks.simulation.engine import Simulation, simulate
 from benchmarks.simulation.load import dht_keys_per_round, roster_read_s
 from benchmarks.simulation.node import Batch, EventLoop
 from benchmarks.simulation.scenario import Protocol, Scenario
 from benchmarks.simulation.validation import compare, loopback_per_node, per_node_from_metrics
-from benchmarks.simulation.engine import Simulation, simulate
 from swarmnode.swarm.exchange import fanout, puller, roster, service, standing
 from swarmnode.swarm.wire import dht_rules
 

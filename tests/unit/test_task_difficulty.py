@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-from swarmnode.config import load_config
-from swarmnode.evaluate import score_policy
 from benchmarks.sharing.difficulty import (
     BAND,
     CANDIDATES,
@@ -17,6 +15,8 @@ from benchmarks.sharing.difficulty import (
     measure,
     table,
 )
+from swarmnode.config import load_config
+from swarmnode.evaluate import score_policy
 from swarmnode.tasks import AUDITED_ANSWER_CHARS, TaskBank
 
 
