@@ -9,9 +9,8 @@ before more of its bytes), each from its first holder not backed off, within ``p
 announced size. A holder that timed out or could not be reached is backed off (BACKOFF_BASE_S, doubling
 up to BACKOFF_MAX_S), so a silent peer holds one slot for one timeout; after MAX_FETCH_ATTEMPTS tries (one
 for an author without standing) the next holder is asked. Every failed pull costs the holder score
-(PULL_PENALTIES), with standing or without: standing is kept by serving, not by having been trained on. A
-graylisted author (``PeerBook.is_graylisted``) is treated like a banned one: its batches are not considered
-and it is never asked as a holder. Bytes other than announced (``hash_mismatch``)
+(PULL_PENALTIES), with standing or without: standing is kept by serving, not by having been trained on.
+Bytes other than announced (``hash_mismatch``)
 charge the holder that sent them, an oversized frame costs a strike, "not found" from the author half of
 one (NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its author settled; behind NAT
 only after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
@@ -170,7 +169,7 @@ class Puller:
         self._client_mode = client_mode
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
-        # candidates not taken: "author_full", "probation_full", "full", "round_budget", "graylisted"
+        # candidates not taken: "author_full", "probation_full", "full", "round_budget"
         self.dropped: Counter[str] = Counter()
         self.budget = RoundBudget(pulls_per_round, arrivals.window)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
@@ -204,9 +203,6 @@ class Puller:
                 holders.append(candidate.holder)
             return
         author = candidate.author
-        if self.book.is_graylisted(author):  # like a banned author: not pending, not pulled
-            self.dropped["graylisted"] += 1
-            return
         announcement = self.verifier.check_announcement(candidate.record, author)
         if announcement is None:
             return
@@ -378,11 +374,11 @@ class Puller:
         return True
 
     def _next_holder(self, pending: Pending, now: float, tries: int) -> str | None:
-        """The first holder with tries left that is not backed off and not graylisted (nor banned)."""
+        """The first holder with tries left that is not backed off and not banned."""
         for holder in pending.holders:
             backed_off = self.backoff.get(holder, (0.0, 0))[0] > now
             if pending.attempts[holder] < tries and not backed_off:
-                if not self.book.is_graylisted(holder):  # banned, or a score under GRAYLIST_SCORE
+                if not self.book.is_banned(holder):
                     return holder
                 pending.attempts[holder] = MAX_FETCH_ATTEMPTS
         return None

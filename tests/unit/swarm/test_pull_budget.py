@@ -207,15 +207,14 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
 
 
 def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
-    """The share counts identities new here: a newcomer whose first chance was given (here it was
-    unreachable, so it has no standing; one that served tampered bytes is now graylisted by its strike and
-    not pulled at all) gets its next batch pulled though the round's share is spent; its later batches are
-    bounded per identity instead (strikes, the failed-probation order)."""
+    """The share counts identities new here: a newcomer whose first chance was given (here it served
+    tampered bytes, so it has no standing) gets its next batch pulled though the round's share is spent;
+    its later batches are bounded per identity instead (strikes, the failed-probation order)."""
     budget = world.service.puller.budget
     world.authors(WORLD_PEER_GROUPS, standing=True)
     share = budget.k
     tried, *others = world.authors(share)
-    world.net.behaviour[tried.peer_id] = "unreachable"
+    world.net.behaviour[tried.peer_id] = "tamper"
     tried.publish()
     world.start()
     assert wait_until(lambda: tried.peer_id in pulled_authors(world), 20), world.arrivals.snapshot().counters
