@@ -5,13 +5,15 @@ real scored groups every round; ``idle`` is up, its roster card is in every rost
 (the outside attacker's idle card: any such card made every honest round wait its full share deadline,
 share phase 0.35-0.45 s -> 5 s). Peers without standing hold a round only while no live peer has
 standing, and only until their first miss (exchange/roster.py ``to_wait_for``): from the second round on,
-``a`` waits for ``b`` (standing: it delivered) and not for ``idle``.
+``a`` waits for ``b`` (standing: its groups were trained on, as a node's round credits them) and not for
+``idle``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -55,6 +57,7 @@ def test_a_card_that_never_delivers_holds_no_round_after_its_first_miss(trio):
         share_s.append(time.monotonic() - started)
         other.join(DEADLINE_S + 10)
         assert chosen, f"round {round_}: a trained on no group of b"
+        a.credit_trained(Counter(g.provenance.producer for g in chosen))  # what a's round step reports
     print(f"\nshare phase per round with an idle card in the roster: {[round(s, 2) for s in share_s]}")
     assert trio["idle"].identity.peer_id in a.roster.live  # live all along: it only never delivered
     assert share_s[0] <= DEADLINE_S + 2.0  # round 1: nobody has standing yet, the idle card's one chance
