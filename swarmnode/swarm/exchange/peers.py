@@ -280,8 +280,8 @@ class PeerBook:
             return self._score(peer_id, now) >= STANDING_SCORE
 
     def is_graylisted(self, peer_id: str) -> bool:
-        """Whether ``peer_id`` is banned or scores below GRAYLIST_SCORE: it gets no probation share either
-        (roster card, pending batch, pull, scoring CPU), like a banned peer."""
+        """Whether ``peer_id`` is banned or scores below GRAYLIST_SCORE: its card gets no new roster seat
+        (exchange/roster.py)."""
         with self._lock:
             now = self.clock()
             peer = self._peers.get(peer_id)

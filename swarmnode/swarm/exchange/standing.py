@@ -35,7 +35,8 @@ half-life in seconds is the backstop for a node whose rounds stall or take many 
 ends within a stated time. At 60 s rounds it adds a quarter to the per-round decay.
 
 Thresholds (``PeerBook.has_standing``: score >= STANDING_SCORE and not banned; ``PeerBook.is_graylisted``:
-banned or score < GRAYLIST_SCORE, given no probation share, like a banned peer; probation in between):
+banned or score < GRAYLIST_SCORE: its card gets no new roster seat (exchange/roster.py); probation in
+between):
 
 - one credit is twice STANDING_SCORE: a peer trained on once has standing at once (an honest newcomer, in
   the round it is first trained on) and keeps it one half-life (8 rounds) without being trained again;
