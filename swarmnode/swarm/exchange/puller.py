@@ -17,7 +17,7 @@ only after HOLDER_WAIT_S more, since reachable peers offer such a node the batch
 (exchange/intake.py).
 
 A round pulls at most K = ``pull_budget(J)`` batches of authors with standing, announced in its window,
-one per author, half of K kept for the highest scores (``round_budget``; "announced" and "freshest" by
+half of K kept for the highest scores, one batch each (``round_budget``; "announced" and "freshest" by
 ``round_budget.local_time``: a signed timestamp clamped to when this node heard of the batch): a node
 trains on J peer groups a round, so its work must grow with J, not with the swarm. Past K batches are dropped, not deferred (a round late they would be stale), and
 ``Arrivals.pulls_done`` tells the round that nothing more is coming. Authors without standing new here get

@@ -15,8 +15,9 @@ round late, so it is dropped, like every batch past the K. What "announced" mean
 timestamp signed in the future counts as "now" and buys nothing (an old one is only against its signer).
 
 Fair shares of K, whatever authors sign:
-- at most one batch per author counts against K in a round (``spent``/``charge`` with the author): a few
-  identities publishing many batches take at most one pull each;
+- at most one batch per author a round takes the reserve (``spent``/``charge`` with the author); its
+  further batches come from the rest of K, after every other author's first in the puller's round-robin
+  order, so a few identities publishing many batches cannot take the reserve;
 - ``reserved`` = K // RESERVED_SHARE of K is kept for the authors with the highest score
   (``PeerBook.ranked``: what this node trained on, measured here); the rest goes to any author with
   standing in the puller's order. The reserve is not waited for: ``round_spent`` is true once the rest is
@@ -63,19 +64,23 @@ class RoundBudget:
 
     def spent(self, announced_ts: float, author: str = "", top: bool = False) -> bool:
         """Whether a batch announced at ``announced_ts`` (``local_time``) by ``author`` (``top``: among the
-        highest scores) is not to be pulled: of the last wave, its author already charged this round, or
-        past its share of K."""
+        highest scores) is not to be pulled: of the last wave, or past its share of K (an author already
+        charged this round only has the rest, never the reserve)."""
         self._roll()
-        if announced_ts < self._opened or author in self._authors:
+        if announced_ts < self._opened:
             return True
-        return self._used >= self.k - self.reserved and not (top and self._top_used < self.reserved)
+        rest_left = self._used < self.k - self.reserved
+        if author in self._authors:  # an author's further batches: only from the rest, never the reserve
+            return not rest_left
+        return not (rest_left or top and self._top_used < self.reserved)
 
     def charge(self, author: str = "", top: bool = False) -> None:
         """A first pull of ``author``'s batch started (``top``: the reserve pays while it lasts)."""
         self._roll()
+        first = author not in self._authors
         if author:
             self._authors.add(author)
-        if top and self._top_used < self.reserved:
+        if top and first and self._top_used < self.reserved:
             self._top_used += 1
         else:
             self._used += 1
