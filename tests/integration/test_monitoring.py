@@ -3,8 +3,9 @@
 The main test runs a real Prometheus on 127.0.0.1 that discovers, through file_sd target files linked into
 a targets folder (as monitoring/prometheus.yml documents), an in-process solo node and a two-node swarm of
 `swarmnode join` subprocesses, and then evaluates every PromQL expression of the dashboard and of the
-alert rules against what it scraped. Prometheus is the Debian package `prometheus` (prometheus + promtool);
-the tests that need it are skipped without it.
+alert rules against what it scraped; then the swarm's nodes are broken one by one (a DHT process killed,
+a node stopped cleanly, a node crashed) and Prometheus and /health must say so. Prometheus is the Debian
+package `prometheus` (prometheus + promtool); the tests that need it are skipped without it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import pytest
 import yaml
 
 from swarmnode.config import load_config
-from benchmarks.harness.processes import start_node
+from benchmarks.harness.processes import start_node, stop_all
+from swarmnode.metrics_server import TARGET_FILE
 from tests.helpers.prometheus import SCRAPE_S, Prometheus
 from tests.helpers.swarm_procs import free_port
 
@@ -290,6 +292,53 @@ def test_alert_windows_match_their_summaries():
     assert "SwarmnodeMemoryClimbing" in ALERTS_TEST_YML.read_text()
 
 
+def _rendered(template: str, labels: dict[str, str]) -> str:
+    """An alert annotation as Prometheus renders it (the rules use only ``{{ $labels.NAME }}``)."""
+    return re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: labels[m.group(1)], template)
+
+
+@needs_prometheus
+def test_the_dht_down_alert_fires_after_one_minute_of_a_dead_dht_process(tmp_path):
+    """SwarmnodeDHTDown, as shipped (its `for: 1m`), on a node whose DHT process dies at 1m: not even
+    pending while alive, pending but not firing 45 s after, firing with its labels and summary from 1 minute
+    after. The live swarm below checks that a killed DHT process makes the rule's expression match."""
+    [rule] = [r for r in alert_rules() if r["alert"] == "SwarmnodeDHTDown"]
+    labels = {"peer_id": "p", "instance": "a:1", "job": "swarmnode"}
+    series = "swarmnode_dht_alive{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    firing = {
+        "exp_labels": {**rule["labels"], **labels},
+        "exp_annotations": {k: _rendered(v, labels) for k, v in rule["annotations"].items()},
+    }
+    spec = {
+        "rule_files": [str(ALERTS_YML)],
+        "evaluation_interval": "15s",
+        "tests": [{
+            "interval": "15s",
+            "input_series": [{"series": series, "values": "1x3 0x13"}],  # 1 at 0-45s, 0 from 1m
+            "promql_expr_test": [
+                {"expr": 'max_over_time(ALERTS{alertname="SwarmnodeDHTDown"}[59s])', "eval_time": "59s",
+                 "exp_samples": []},
+                {"expr": 'ALERTS{alertname="SwarmnodeDHTDown"}', "eval_time": "1m45s",
+                 "exp_samples": [{"labels": 'ALERTS{alertname="SwarmnodeDHTDown", alertstate="pending", '
+                                  + ", ".join(f'{k}="{v}"' for k, v in firing["exp_labels"].items()) + "}",
+                                  "value": 1}]},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m45s", "alertname": "SwarmnodeDHTDown", "exp_alerts": []},
+                {"eval_time": "2m", "alertname": "SwarmnodeDHTDown", "exp_alerts": [firing]},
+                {"eval_time": "4m", "alertname": "SwarmnodeDHTDown", "exp_alerts": [firing]},
+            ],
+        }],
+    }  # fmt: skip
+    path = tmp_path / "dht_down_test.yml"
+    path.write_text(yaml.safe_dump(spec))
+    run = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert rule["for"] == "1m" and "1 minute" in rule["annotations"]["summary"]
+
+
 @needs_prometheus
 def test_native_prometheus_logs_no_error_for_the_shipped_config(tmp_path):
     """Prometheus run natively with monitoring/prometheus.yml, as the README says: no "Error adding file
@@ -371,8 +420,7 @@ def scraped(tmp_path_factory):
     finally:
         if prom is not None:
             prom.stop()
-        for p in procs:
-            p.stop()
+        stop_all(procs)  # in parallel: a node whose DHT process is gone takes seconds over its offline card
         if node is not None:
             node.close()
 
@@ -474,27 +522,67 @@ def _health(url: str) -> dict:
 
 
 @needs_prometheus
-def test_a_killed_dht_process_turns_health_degraded_and_fires_the_alert(scraped):
-    """Last of the scraped swarm's tests (it breaks node b): b's DHT process, a child of the node this
-    module's fixture started, is killed by its PID; /health turns degraded naming it and SwarmnodeDHTDown
-    fires (its `for:` is 1 minute)."""
+def test_a_killed_dht_process_turns_health_degraded_and_raises_the_alert(scraped):
+    """The scraped swarm's tests from here on break it: b's DHT process, a child of the node this module's
+    fixture started, is killed by its PID; /health turns degraded naming it and SwarmnodeDHTDown's
+    expression matches b (the alert is pending: that it fires once its `for: 1m` has passed is
+    test_the_dht_down_alert_fires_after_one_minute_of_a_dead_dht_process, on the same rule file)."""
     prom, _node, procs = scraped
     b = procs[1]
     peer = b.status()["peer_id"]
-    [target] = json.loads((b.run_dir / "prometheus_target.json").read_text())
+    [target] = json.loads((b.run_dir / TARGET_FILE).read_text())
     health_url = f"http://{target['targets'][0]}/health"
     assert _health(health_url)["status"] == "ok"
+    assert not prom.query('ALERTS{alertname="SwarmnodeDHTDown"}')["data"]["result"]
     _dht_process(b.proc.pid).kill()
     deadline = time.monotonic() + 60
     while (health := _health(health_url))["status"] == "ok" and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(0.5)
     assert health["status"] == "degraded" and "DHT process" in " ".join(health["reasons"]), health
-    firing = f'ALERTS{{alertname="SwarmnodeDHTDown", alertstate="firing", peer_id="{peer}"}}'
-    deadline = time.monotonic() + 150
-    while not prom.query(firing)["data"]["result"]:
+    raised = f'ALERTS{{alertname="SwarmnodeDHTDown", peer_id="{peer}"}}'  # pending, or already firing
+    deadline = time.monotonic() + 60
+    while not prom.query(raised)["data"]["result"]:
         assert time.monotonic() < deadline, prom.query('ALERTS{alertname="SwarmnodeDHTDown"}')
-        time.sleep(SCRAPE_S)
+        time.sleep(SCRAPE_S / 2)
+    others = prom.query('ALERTS{alertname="SwarmnodeDHTDown"}')["data"]["result"]
+    assert {r["metric"]["peer_id"] for r in others} == {peer}, others  # only b's DHT is down
     assert b.proc.poll() is None, b.output()  # the node itself kept running
+    assert _health(health_url)["status"] == "degraded"  # and still says so
+
+
+def _up(prom: Prometheus) -> dict[str, float]:
+    """peer id -> the latest `up` sample, for every target with a fresh series."""
+    result = prom.query('up{job="swarmnode"}')["data"]["result"]
+    return {r["metric"]["peer_id"]: float(r["value"][1]) for r in result}
+
+
+def _wait_up(prom: Prometheus, done, timeout_s: float) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while not done(up := _up(prom)) and time.monotonic() < deadline:
+        time.sleep(SCRAPE_S / 2)
+    return up
+
+
+@needs_prometheus
+def test_a_clean_stop_retires_the_target_and_a_crash_still_alerts(scraped):
+    """Retiring a node: the one stopped cleanly (SIGTERM) empties its file_sd target file and leaves no `up`
+    series behind, so `SwarmnodeDown` (up == 0 for 1m) never fires for it, while the one killed (SIGKILL, a
+    crash) reads up == 0 and alerts. Runs after the killed-DHT test (it ends the swarm's two nodes)."""
+    prom, node, procs = scraped
+    stopped, crashed = procs
+    stopped_id, crashed_id = (json.loads((p.run_dir / TARGET_FILE).read_text())[0]["labels"]["peer_id"]
+                              for p in procs)  # fmt: skip
+    every = {node.peer_id: 1.0, stopped_id: 1.0, crashed_id: 1.0}
+    up = _wait_up(prom, lambda up: up == every, timeout_s=20)
+    assert up == every, prom.log()
+
+    os.kill(stopped.proc.pid, signal.SIGTERM)  # as systemd stops it; Ctrl-C takes the same path
+    assert stopped.wait(timeout_s=60) == 143, stopped.output()
+    assert json.loads((stopped.run_dir / TARGET_FILE).read_text()) == []
+    crashed.kill()
+    after = {node.peer_id: 1.0, crashed_id: 0.0}
+    up = _wait_up(prom, lambda up: up == after, timeout_s=15)
+    assert up == after, (up, prom.log())
 
 
 # ---------------------------------------------------------------- docker/
