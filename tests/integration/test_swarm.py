@@ -1,8 +1,13 @@
-"""Three real nodes on 127.0.0.1, two model families with different tokenizers, sharing rollouts."""
+"""Three real nodes on 127.0.0.1, two model families with different tokenizers, sharing rollouts; the
+status one of them wrote, as its metrics collector exports it; a peer that left is not waited for."""
 
 from __future__ import annotations
 
-from benchmarks.harness.processes import start_node
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks.harness.processes import start_node, stop_all
 
 DEADLINE_S = 8.0
 ROUNDS = 4
@@ -22,21 +27,33 @@ def _args(family: str, swarm_id: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes):
-    a = start_node(tmp_path / "a", *_args("llama", "it-three"))
-    nodes.append(a)
-    bootstrap = a.address()
-    assert bootstrap.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/12D3KooW" in bootstrap
-    nodes.append(start_node(tmp_path / "b", *_args("qwen2", "it-three"), peers=[bootstrap]))
-    nodes.append(start_node(tmp_path / "c", *_args("llama", "it-three"), peers=[bootstrap]))
-    # the rosters while every node is still running (a node that finishes leaves with an offline card,
-    # and its peers' rosters drop it at once): each status once its node has finished round 2
-    for node in nodes:
-        node.wait_for_round(2)
-    running = [node.status() for node in nodes]
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """Three nodes (llama, qwen2, llama) run their ROUNDS to the end; a, the first, is their bootstrap."""
+    root = tmp_path_factory.mktemp("three")
+    nodes = []
+    try:
+        a = start_node(root / "a", *_args("llama", "it-three"))
+        nodes.append(a)
+        bootstrap = a.address()
+        nodes.append(start_node(root / "b", *_args("qwen2", "it-three"), peers=[bootstrap]))
+        nodes.append(start_node(root / "c", *_args("llama", "it-three"), peers=[bootstrap]))
+        # the rosters while every node is still running (a node that finishes leaves with an offline card,
+        # and its peers' rosters drop it at once): each status once its node has finished round 2
+        for node in nodes:
+            node.wait_for_round(2)
+        running = [node.status() for node in nodes]
+        codes = [node.wait(timeout_s=240) for node in nodes]
+        return SimpleNamespace(nodes=nodes, bootstrap=bootstrap, running=running, codes=codes)
+    finally:
+        stop_all(nodes)
 
-    for node in nodes:
-        assert node.wait(timeout_s=240) == 0, node.output()
+
+def test_three_heterogeneous_nodes_train_on_verified_peer_groups(three):
+    nodes, running = three.nodes, three.running
+    assert three.bootstrap.startswith("/ip4/127.0.0.1/tcp/") and "/p2p/12D3KooW" in three.bootstrap
+    for node, code in zip(nodes, three.codes, strict=True):
+        assert code == 0, node.output()
 
     peer_ids = set()
     for node in nodes:
@@ -65,20 +82,16 @@ def test_three_heterogeneous_nodes_train_on_verified_peer_groups(tmp_path, nodes
     assert sorted(p["model"] for p in a_status["peers"].values()) == ["tiny-llama", "tiny-qwen2"]
 
 
-def test_swarm_status_becomes_metrics(tmp_path, nodes):
-    """The status a real swarm node wrote, as its metrics collector exports it."""
+def test_swarm_status_becomes_metrics(three):
+    """The status a real swarm node wrote (a, of the three above), as its metrics collector exports it."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from swarmnode.metrics import NodeCollector
     from swarmnode.swarm.exchange.status import SwarmStatus
 
-    a = start_node(tmp_path / "a", *_args("llama", "it-metrics"), "--set", "swarm.min_peers=1")
-    nodes.append(a)
-    nodes.append(start_node(tmp_path / "b", *_args("qwen2", "it-metrics"), "--set", "swarm.min_peers=1",
-                            peers=[a.address()]))  # fmt: skip
-    for node in nodes:
-        assert node.wait(timeout_s=240) == 0, node.output()
+    a = three.nodes[0]
+    assert three.codes[0] == 0, a.output()
     status = a.status()
     collector = NodeCollector(
         {"peer_id": status["peer_id"], "model": "tiny-llama", "backend": "hf", "version": "x"}
@@ -91,8 +104,8 @@ def test_swarm_status_becomes_metrics(tmp_path, nodes):
         for family in text_string_to_metric_families(generate_latest(registry).decode())
         for s in family.samples
     }
-    # b may have left (an offline card) before a wrote its last status: the gauge is what the status holds
-    assert samples[("swarmnode_peers_known", ())] == len(status["peers"]) <= 1
+    # b and c may have left (offline cards) before a wrote its last status: the gauge is what the status holds
+    assert samples[("swarmnode_peers_known", ())] == len(status["peers"]) <= len(three.nodes) - 1
     published = samples[("swarmnode_rollout_groups_total", (("event", "published"),))]
     assert published == ROUNDS * 4  # 4 questions a round
     assert (
