@@ -58,6 +58,7 @@ def test_trickling_clients_that_reconnect_cannot_hold_the_metrics_server():
     stop = threading.Event()
     tricklers = [Trickler(server.port, stop, max_s=60.0) for _ in range(TRICKLERS)]
     try:
+        started = time.monotonic()
         for t in tricklers:
             t.start()
         for t in tricklers:
@@ -70,7 +71,8 @@ def test_trickling_clients_that_reconnect_cannot_hold_the_metrics_server():
             except OSError as exc:  # refused: closed unanswered
                 failures.append(repr(exc))
             time.sleep(0.5)
-        time.sleep(REQUEST_DEADLINE_S)  # long enough for any trickling connection to reach its deadline
+        # until a connection opened at the start and never cut would have lived past the bound asserted below
+        time.sleep(max(started + REQUEST_DEADLINE_S + 2 * TRICKLE_S + 0.5 - time.monotonic(), 0))
         stop.set()
         for t in tricklers:
             t.join(5)
@@ -94,8 +96,12 @@ def test_a_trickling_request_is_cut_at_its_deadline_however_often_bytes_arrive()
     try:
         for t in tricklers:
             t.start()
+        deadline = time.monotonic() + REQUEST_DEADLINE_S + 10 * TRICKLE_S
+        while not all(t.lived for t in tricklers) and time.monotonic() < deadline:
+            time.sleep(0.1)  # until each first connection has ended (one never cut ends at max_s, too long)
+        stop.set()
         for t in tricklers:
-            t.join(REQUEST_DEADLINE_S + 10 * TRICKLE_S)
+            t.join(5)
         first = [t.lived[0] for t in tricklers if t.lived]
         print(f"first connections lived {first}")
         assert len(first) == len(tricklers) and max(first) < REQUEST_DEADLINE_S + 2 * TRICKLE_S, first
