@@ -236,7 +236,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], list[str], bool]]:
             ["tasks.mix.basic_arithmetik", "unknown reasoning-gym dataset", "basic_arithmetic"],
             False,
         ),
-        "missing model": ([*SOLO, "--set", "model.name=./does-not-exist"], ["./does-not-exist"], False),
+        # a model that cannot load leaves no run folder (no identity) behind, with the config or without
+        "missing model": ([*SOLO, "--set", "model.name=./does-not-exist"], ["./does-not-exist"], True),
+        "bad model name": (["--set", f"model.name={tmp / 'nothing'}"], [str(tmp / "nothing")], True),
     }
 
 
