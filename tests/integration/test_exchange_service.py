@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmnode.config import SwarmConfig
 from benchmarks.harness.processes import read_jsonl
 from benchmarks.harness.waiting import wait_until
+from swarmnode.config import SwarmConfig
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 from swarmnode.swarm.exchange.swarm import Swarm
@@ -111,6 +111,7 @@ def test_a_batch_comes_from_a_holder_when_its_author_refuses_us(swarm):
     a, b, c = swarm.a, swarm.b, swarm.c
     b_id, c_id = swarm.ids["b"], swarm.ids["c"]
     before = a.arrivals.snapshot().counters.batches_received
+    c.book.credit_trained(b_id)  # c trained on b's groups before: an author with standing, retried elsewhere
     b.transport.payloads.set_peer_filter(lambda peer: peer != c_id)
     try:
         b.publish(2, 0, b.sender.groups())
