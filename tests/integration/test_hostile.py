@@ -32,7 +32,7 @@ from tests.helpers.swarm_procs import start_hostile
 
 DEADLINE_S = 4.0
 SLACK_S = 2.0  # a poll or a verification may still be finishing when the deadline passes
-MAX_ROUNDS = 30  # a bound only: the honest node is stopped (SIGINT) once every attack is done
+MAX_ROUNDS = 120  # a bound only: the honest node is stopped (SIGINT) once every attack is done
 SETTLE_ROUNDS = 2  # rounds it runs after the last attack step, so every pull has been verified
 STRIKE_LIMIT = 3  # PeerBook default
 BAN_S = 900  # outlasts the run however slow the machine: status.json at the end still lists every ban
