@@ -108,7 +108,13 @@ class Hostile:
         self.peer_id = self.identity.peer_id
         self.transport = Transport(
             key_path,
-            SwarmConfig(swarm_id=swarm_id, initial_peers=[honest_addr]),
+            # the honest node's identity work: a DHT node with a stricter rule refuses every card stored
+            # with it (the honest node's included), so which cards reach the DHT would depend on DHT ids
+            SwarmConfig(
+                swarm_id=swarm_id,
+                initial_peers=[honest_addr],
+                identity_work_bits=self.cfg.swarm.identity_work_bits,
+            ),
             payloads=HostilePayloads(serve_timeout_s=60.0),
             start_timeout_s=120.0,  # a loaded test machine can take a while
         )
