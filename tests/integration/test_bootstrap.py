@@ -17,9 +17,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from benchmarks.harness.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import TransportError
-from benchmarks.harness.processes import CLOCK_JUMP, REPO, start_bootstrap, start_node
 from swarmnode.identity import Identity
 from swarmnode.swarm.exchange.compat import roster_extra
 from swarmnode.swarm.net.transport import Transport

@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from swarmnode import checkpoint
-from benchmarks.reliability.chaos import SLACK_S, run_chaos
 from benchmarks.harness.processes import NodeProc, start_bootstrap, start_node, stop_all
+from benchmarks.reliability.chaos import SLACK_S, run_chaos
+from swarmnode import checkpoint
 from tests.helpers import netns
 from tests.helpers.checkpoints import save, trained
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swarmnode.config import load_config
 from benchmarks.harness.processes import start_node, stop_all
+from swarmnode.config import load_config
 from swarmnode.metrics_server import TARGET_FILE
 from tests.helpers.prometheus import SCRAPE_S, Prometheus
 from tests.helpers.swarm_procs import free_port

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swarmnode.config import load_config
 from benchmarks.harness.processes import node_env, read_jsonl
+from swarmnode.config import load_config
 from tests.helpers import netns
 from tests.helpers.swarm_procs import end_group, free_port
 

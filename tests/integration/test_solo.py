@@ -414,6 +414,7 @@ def test_a_second_node_on_the_same_run_dir_is_refused(tmp_path):
 def test_status_watch_redraws_until_interrupted(tmp_path):
     import signal
     import subprocess
+    import threading
     import time
 
     from swarmnode.config import load_config
@@ -430,11 +431,24 @@ def test_status_watch_redraws_until_interrupted(tmp_path):
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    time.sleep(5)  # long enough for at least two redraws (every 2 s) after start-up
+    clear = "\x1b[2J\x1b[H"
+    chunks: list[str] = []  # its stdout as it comes (click flushes each redraw)
+
+    def read() -> None:
+        while char := proc.stdout.read(1):
+            chunks.append(char)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while "".join(chunks).count(clear) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)  # until two frames are out: one redraw (every 2 s) after the first
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    reader.join(10)  # the rest of stdout, to its end
+    out, err = "".join(chunks), proc.stderr.read()
     assert proc.returncode == 130, err
-    frames = out.split("\x1b[2J\x1b[H")[1:]
+    frames = out.split(clear)[1:]
     assert len(frames) >= 2, out
     not_running, last_round = frames[0].splitlines()[:2]  # the node was closed: status says so first
     assert not_running.startswith("node not running") and last_round.startswith("round 1  policy v")

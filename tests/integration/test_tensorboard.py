@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -31,14 +32,53 @@ def _events(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def test_a_solo_run_writes_the_scalars_of_metrics_jsonl(tmp_path):
+def _without_tensorboard(run_dir: Path) -> str:
+    """Python code that runs a one-round solo node with tensorboard on, as if the package were missing."""
+    return textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch.utils.tensorboard"] = None  # as if tensorboard were not installed
+        from swarmnode.cli import app
+        app(["solo", "--config", {str(TINY)!r}, "--rounds", "1", "--run-dir", {str(run_dir)!r},
+             "--set", "run.tensorboard=true", "--set", "run.metrics_port=null"], prog_name="swarmnode")
+        """
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """This module's two node processes, started together (each is mostly start-up), by name: "with"
+    (two rounds writing event files; only where tensorboard is installed) and "without" (the package
+    hidden); each with its run folder and how it ended."""
+    root = tmp_path_factory.mktemp("tensorboard")
+    commands = {"without": [sys.executable, "-c", _without_tensorboard(root / "without")]}
+    if importlib.util.find_spec("tensorboard") is not None:
+        commands["with"] = [
+            sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(TINY), "--rounds", "2",
+            "--run-dir", str(root / "with"), "--set", "run.tensorboard=true",
+            "--set", "run.metrics_port=null",
+        ]  # fmt: skip
+    procs = {}
+    for name, cmd in commands.items():  # output to files: neither can block on a pipe nobody reads yet
+        with open(root / f"{name}.out", "w") as out, open(root / f"{name}.err", "w") as err:
+            procs[name] = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=out, stderr=err, text=True)
+    try:
+        done = {}
+        for name, proc in procs.items():
+            proc.wait(timeout=600)
+            out, err = ((root / f"{name}.{kind}").read_text() for kind in ("out", "err"))
+            done[name] = (root / name, subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+    finally:
+        for proc in procs.values():  # only the ones started here, by their own handle
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_solo_run_writes_the_scalars_of_metrics_jsonl(runs):
     pytest.importorskip("tensorboard")
-    run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-m", "swarmnode.cli", "solo", "--config", str(TINY), "--rounds", "2",
-         "--run-dir", str(run_dir), "--set", "run.tensorboard=true", "--set", "run.metrics_port=null"],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    run_dir, proc = runs["with"]
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2]
@@ -69,19 +109,8 @@ def test_a_restart_hides_the_rounds_metrics_jsonl_dropped(tmp_path):
     assert _events(tmp_path / TENSORBOARD_DIR)["reward_mean"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
 
 
-def test_without_the_package_the_node_says_what_to_install_and_leaves_nothing(tmp_path):
-    run_dir = tmp_path / "run"
-    code = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["torch.utils.tensorboard"] = None  # as if tensorboard were not installed
-        from swarmnode.cli import app
-        app(["solo", "--config", {str(TINY)!r}, "--rounds", "1", "--run-dir", {str(run_dir)!r},
-             "--set", "run.tensorboard=true", "--set", "run.metrics_port=null"], prog_name="swarmnode")
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=ENV, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+def test_without_the_package_the_node_says_what_to_install_and_leaves_nothing(runs):
+    run_dir, proc = runs["without"]
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "error: run.tensorboard is true but the tensorboard package is not installed: "
