@@ -6,6 +6,7 @@ with a roster card that publishes real signed batches of real scored groups."""
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.standing import ScoringBudget
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
-from swarmnode.swarm.wire import codec, convert, dht_rules, protocol
+from swarmnode.swarm.wire import codec, convert, dht_rules, protocol, work
 from tests.helpers.verify_world import Peer, flip, signature_offset
 
 TTL_S = 60.0  # the records' lifetime, and the age an announcement may have
@@ -101,30 +102,45 @@ class ScriptedNet:
 class Author:
     """A peer with a roster card in the scripted DHT that publishes real signed batches."""
 
-    def __init__(self, net: ScriptedNet, swarm_id: str, bank, card_age_s: float = 0.0):
+    def __init__(
+        self,
+        net: ScriptedNet,
+        swarm_id: str,
+        bank,
+        card_age_s: float = 0.0,
+        work_bits: int = 0,
+        own_questions: bool = False,
+    ):
         self.identity = Identity.generate()
         self.peer_id = self.identity.peer_id
         self.net, self.swarm_id, self.sender, self.seq = net, swarm_id, Peer(self.identity, bank), 0
-        self.card_record = signed_card(self.identity, swarm_id, bank.fingerprint, self.next_seq(), card_age_s)
+        if own_questions:  # a random first round: no two authors' groups share content (trained on once)
+            self.sender.round = secrets.randbelow(1_000_000)
+        self.card_record = signed_card(
+            self.identity, swarm_id, bank.fingerprint, self.next_seq(), card_age_s, work_bits=work_bits
+        )
         net.put(dht_rules.roster_key(swarm_id, self.peer_id), self.peer_id, self.card_record, 60)
 
     def next_seq(self) -> int:
         self.seq += 1
         return self.seq
 
-    def publish(self, *, announce: bool = True, forged: bool = False) -> tuple[bytes, bytes]:
+    def publish(
+        self, *, announce: bool = True, forged: bool = False, ahead_s: float = 0.0
+    ) -> tuple[bytes, bytes]:
         """Offer a batch on the scripted network; with ``announce`` store its record in the DHT too. A
         ``forged`` batch's signature does not verify (announced with its own sha256: it is pulled, and its
-        verification bans the author)."""
+        verification bans the author). ``ahead_s``: the batch and its announcement are signed that far in
+        the future."""
         batch = convert.make_rollout_batch(
             self.sender.groups(), peer_id=self.peer_id, swarm_id=self.swarm_id, round=self.sender.round,
-            policy_version=0, model_name="tiny", tokenizer_fingerprint="", timestamp=time.time(),
+            policy_version=0, model_name="tiny", tokenizer_fingerprint="", timestamp=time.time() + ahead_s,
             seq=self.next_seq(),
         )  # fmt: skip
         data = codec.encode_message(self.identity, self.swarm_id, batch)
         if forged:
             data = flip(data, signature_offset(data))
-        ann = protocol.announcement_for(batch, data, timestamp=time.time(), seq=self.next_seq())
+        ann = protocol.announcement_for(batch, data, timestamp=time.time() + ahead_s, seq=self.next_seq())
         record = codec.encode_message(self.identity, self.swarm_id, ann)
         self.net.served[ann.payload_sha256] = data
         if announce:
@@ -151,12 +167,16 @@ class Sybil:
         return codec.encode_message(self.identity, self.swarm_id, ann)
 
 
-def signed_card(identity: Identity, swarm_id: str, fingerprint: str, seq: int, age_s: float = 0.0) -> bytes:
-    """A roster card record of ``identity`` for a peer of task mix ``fingerprint``."""
+def signed_card(
+    identity: Identity, swarm_id: str, fingerprint: str, seq: int, age_s: float = 0.0, work_bits: int = 0
+) -> bytes:
+    """A roster card record of ``identity`` for a peer of task mix ``fingerprint``, with ``work_bits`` of
+    identity work."""
     card = protocol.RosterCard(
         peer_id=identity.peer_id, swarm_id=swarm_id, model_name="tiny", tokenizer_fingerprint="",
         policy_version=0, round=0, addrs=(), timestamp=time.time() - age_s, seq=seq,
         extra=roster_extra(fingerprint),
+        work_nonce=work.mint(identity.public_key, work_bits) if work_bits else b"",
     )  # fmt: skip
     return codec.encode_message(identity, swarm_id, card)
 
@@ -176,7 +196,8 @@ class DataPlaneParts:
 
 
 def data_plane_parts(run_dir, bank, swarm_id: str = "scripted") -> DataPlaneParts:
-    net, book, arrivals = ScriptedNet(), PeerBook(), Arrivals()
+    net, book = ScriptedNet(), PeerBook()
+    arrivals = Arrivals(ranking=book)
     verifier = Verifier(
         bank, swarm_id, book, max_age_s=TTL_S,
         limits=ReceiveLimits.for_node(SamplingConfig(), tokenizer_fingerprint="", vocab_size=512),

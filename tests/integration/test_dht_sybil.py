@@ -51,8 +51,6 @@ RECORD_WAIT_S = 20.0
 WORK_BITS = 8
 
 
-
-
 def _run(attacker: hivemind.DHT, coroutine, timeout_s: float = 120.0, **kwargs):
     return attacker.run_coroutine(functools.partial(coroutine, **kwargs), return_future=True).result(
         timeout_s

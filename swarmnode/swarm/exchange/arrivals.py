@@ -1,25 +1,30 @@
 """A round's arrivals: the pool of verified peer groups and what the round thread waits on, with one owner.
 
-The data plane's stages (service thread) ``add`` a verified batch's groups (deduplicated by content,
-pooled with this node's current round as their freshness tier, its author settled), ``settle`` an author
-whose batch cannot arrive, count a failed pull (``fetch_failed``) and say when a round's pull budget is
-spent with its pulls ended (``pulls_done``). The round thread opens its round (``open_round``), waits for
-its peers (``wait_for``) and takes J groups (``take``); anyone reads a frozen ``snapshot``. The round is
-this node's round as the pool's freshness tiers see it: batches arriving while round r runs count for
-round r, and from the end of its exchange (``take``) for round r + 1.
+The data plane's stages (service thread) ``add`` a verified batch's groups (deduplicated by content, pooled
+with this node's current round as their freshness tier, its author settled), say which authors' batches are to
+come (``expect``: being pulled, or the reserve's), ``settle`` an author whose batch cannot arrive, count a
+failed pull (``fetch_failed``) and say when a round's pull budget is spent with its pulls ended
+(``pulls_done``). The pool counts as filled only with groups that no batch still to come could outrank (by the
+peer book's score): identities that race to fill a round first do not end its wait while a batch of a peer
+this node keeps training on is to come (the wait still ends at the share deadline). The round thread opens its
+round (``open_round``), waits for its peers (``wait_for``) and takes J groups (``take``); anyone reads a
+frozen ``snapshot``. The round is this node's round as the pool's freshness tiers see it: batches arriving
+while round r runs count for round r, and from the end of its exchange (``take``) for round r + 1.
 
 Everything here is under one lock that nothing else shares, and the exchange's totals (``SwarmCounters``)
 change under it with what they count, so a snapshot's pool and counters agree. The round thread's wait
 wakes once for each change that can end it (an informative group pooled, a peer settled, the pulls done,
 a roster read: ``wake``) and for nothing else (duplicates, zero-advantage groups, a peer settled again):
-a batch that cannot end the wait costs the round thread nothing. What ``wait_for`` is handed is called
-under the lock, so it may take the roster's and the peer book's locks but never wait on this object (the
-lock order is arrivals, then roster, then peer book; neither calls back in here while holding its own).
+a batch that cannot end the wait costs the round thread nothing. What ``wait_for`` is handed, and the
+ranking, are called under the lock, so they may take the roster's and the peer book's locks but never
+wait on this object (the lock order is arrivals, then roster, then peer book; neither calls back in here
+while holding its own).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import threading
 import time
 from collections import Counter
@@ -27,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from swarmnode.rollouts import RolloutGroup
-from swarmnode.swarm.exchange.pool import GroupPool
+from swarmnode.swarm.exchange.pool import GroupPool, Ranking
 from swarmnode.swarm.exchange.records import ArrivalHistogram, SwarmCounters
 
 
@@ -57,12 +62,17 @@ class Taken:
 
 
 class Arrivals:
-    """The pool and the round's wait (module docstring). ``pool``: ties broken by os.urandom unless given."""
+    """The pool and the round's wait (module docstring). ``pool``: ties broken by os.urandom unless given.
+    ``ranking``: what this node measured of producers (the peer book), for the choice and for when the
+    pool is filled; None: every producer alike."""
 
-    def __init__(self, pool: GroupPool | None = None):
+    def __init__(self, pool: GroupPool | None = None, ranking: Ranking | None = None):
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pool = pool if pool is not None else GroupPool()
+        self._ranking = ranking
+        self._rank: Callable[[str], float] = ranking.score if ranking is not None else (lambda _: 0.0)
+        self._expected: set[str] = set()  # authors whose batch is to come this exchange (``expect``)
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
         self._settled: set[str] = set()
@@ -106,6 +116,18 @@ class Arrivals:
             if self._settle(author) or usable:
                 self._changed.notify_all()
             return len(fresh), self._round
+
+    def pulling(self, author: str) -> None:
+        """A pull of ``author``'s batch started: until it is settled, the pool counts as filled only with
+        groups of producers ranked at least as high (``_over``)."""
+        self.expect({author})
+
+    def expect(self, authors: set[str]) -> None:
+        """Batches of ``authors`` are to come this exchange (being pulled, or of the authors the pull budget
+        keeps its reserve for): until each is settled, the pool counts as filled only with groups of
+        producers ranked at least as high (``_over``)."""
+        with self._lock:
+            self._expected |= authors
 
     def settle(self, peer: str) -> None:
         """``peer`` is not waited for any more this exchange (its batch cannot arrive)."""
@@ -165,7 +187,9 @@ class Arrivals:
             return "nobody"
         if peers <= self._settled:
             return "settled"
-        if self._pool.can_fill(wanted, since_round=round_):
+        # filled: by groups that no batch still being pulled could outrank (a pull settles on arrival)
+        floor = max((self._rank(author) for author in self._expected - self._settled), default=-math.inf)
+        if self._pool.can_fill(wanted, since_round=round_, rank=self._rank, floor=floor):
             return "filled"
         if self._pulls_done_round >= round_:
             return "budget"
@@ -178,8 +202,9 @@ class Arrivals:
         with self._lock:
             delivered, missed = awaited & self._settled, awaited - self._settled
             self._settled.clear()
+            self._expected.clear()
             self._open(round_ + 1)
-            chosen = self._pool.select(wanted)
+            chosen = self._pool.select(wanted, self._ranking)
             self._trained += len(chosen)
             return Taken(chosen, len(delivered), frozenset(missed))
 

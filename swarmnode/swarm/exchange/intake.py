@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from swarmnode.swarm.exchange.arrivals import Arrivals
-from swarmnode.swarm.exchange.puller import Pulled
+from swarmnode.swarm.exchange.pending import Pulled
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.verify import Verifier

@@ -289,6 +289,28 @@ class PeerBook:
                 return False
             return now < peer.banned_until or self._score(peer_id, now) < GRAYLIST_SCORE
 
+    def crowding(self, peer_id: str) -> int:
+        """Identities tracked here from ``peer_id``'s origin (``Scores.crowding``; 0 for one not tracked)."""
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return 0 if peer is None else self._scores.crowding(peer.score)
+
+    def newcomers(self, peer_ids: Iterable[str]) -> list[str]:
+        """Of ``peer_ids``, those without standing, not banned, whose origin may have the newcomer's place
+        among a round's groups now (exchange/standing.py), the least crowded origin first; the order given
+        among equals."""
+        with self._lock:
+            tracked = [(p, self._peers[p].score) for p in peer_ids if p in self._peers]
+            ready = [(p, parts) for p, parts in tracked if not self.has_standing(p) and not self.is_banned(p)]
+            ready = [(p, parts) for p, parts in ready if self._scores.may_take_newcomer_place(parts)]
+            return [p for p, parts in sorted(ready, key=lambda item: self._scores.crowding(item[1]))]
+
+    def grant_newcomer(self, peer_id: str) -> None:
+        """``peer_id`` took the newcomer's place of a round: its origin waits NEWCOMER_ORIGIN_ROUNDS."""
+        with self._lock:
+            if peer_id in self._peers:
+                self._scores.grant_newcomer_place(self._peers[peer_id].score)
+
     def ranked(self, peer_ids: Iterable[str]) -> list[str]:
         """``peer_ids`` highest score first; equal scores keep the order given (the caller's own order,
         e.g. freshest first), so nothing a peer signs about itself decides."""
@@ -413,8 +435,7 @@ class PeerBook:
             victim = min(unbanned(), key=lambda pid: self._score(pid, now), default=None)
         if victim is None:
             victim = min(self._peers, key=lambda pid: self._peers[pid].banned_until)
-        self._scores.forget(victim)
-        del self._peers[victim]
+        self._scores.drop(victim, self._peers.pop(victim).score)
 
     def _score(self, peer_id: str, now: float) -> float:
         peer = self._peers.get(peer_id)

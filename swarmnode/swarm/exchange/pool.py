@@ -4,16 +4,20 @@ A group's identity is its content (``group_digest``: task and completion texts),
 the same completions re-signed in a new batch are never trained on twice. The pool keeps the newest
 ``MAX_POOL_GROUPS``, at most ``MAX_POOL_GROUPS_PER_PRODUCER`` of them from one producer (so one peer
 cannot flood the others' groups out); ``can_fill`` tells a round whether it has enough fresh groups to
-stop waiting; ``select`` takes the round's J groups: zero-advantage groups
-dropped after local re-scoring, then round-robin across producers (the producer with the freshest group
-first, ties at random), each producer's freshest group first, at most ``producer_cap(J)`` from one
-producer. Each group is trained on at most once.
+stop waiting; ``select`` takes the round's J groups: zero-advantage groups dropped after local
+re-scoring, then round-robin across producers, each producer's freshest group first, at most
+``producer_cap(J)`` from one producer. Each group is trained on at most once.
 
-What bounds one operator's share: the cap is per producer *peer id*, and peer ids are free, so an
-operator running k identities can take up to k shares, at the price of k nodes that each pass the rate
-limits and verification (every group is re-scored here, and a peer's group weighs at most as much as a
-local one: ``learn.batch``). Nothing here bounds Sybils beyond that; the local groups, which a peer
-never displaces, are the floor of every round.
+The order of producers is what this node measured, never what they claim (``Ranking``, the peer book):
+the freshest tier first (the round a group arrived in here), then the highest score (groups of theirs
+this node trained on, decayed: exchange/standing.py), ties at random. So identities whose standing was
+bought once with a canned batch come after the peers this node keeps training on. Newcomers score 0 and
+would never be chosen in a busy swarm, so one of the J goes to a producer without standing whenever the
+others would all be producers with standing: the one ``Ranking.newcomers`` puts first (an origin that
+holds few identities here and had no newcomer's place lately), so a flood of fresh identities from a few
+networks never takes it, and each network takes it at most once in ``standing.NEWCOMER_ORIGIN_ROUNDS``.
+A peer's group weighs at most as much as a local one (``learn.batch``), and the local groups, which a
+peer never displaces, are the floor of every round.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ import math
 import os
 import random
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from swarmnode.common import BoundedSet
 from swarmnode.rollouts import RolloutGroup
@@ -49,6 +55,16 @@ def group_digest(group: RolloutGroup) -> str:
 def producer_cap(count: int) -> int:
     """How many of a round's ``count`` peer groups one producer may supply: ceil(count x PRODUCER_SHARE)."""
     return max(1, math.ceil(count * PRODUCER_SHARE))
+
+
+class Ranking(Protocol):
+    """What this node measured of producers (``PeerBook``): their score, standing and which newcomers
+    may take a newcomer's place now."""
+
+    def score(self, peer_id: str) -> float: ...
+    def has_standing(self, peer_id: str) -> bool: ...
+    def newcomers(self, peer_ids: Iterable[str]) -> list[str]: ...
+    def grant_newcomer(self, peer_id: str) -> None: ...
 
 
 @dataclass
@@ -95,32 +111,59 @@ class GroupPool:
                 kept.append(pooled)
         self.groups = kept[:MAX_POOL_GROUPS][::-1]
 
-    def can_fill(self, count: int, since_round: int) -> bool:
+    def can_fill(
+        self,
+        count: int,
+        since_round: int,
+        rank: Callable[[str], float] = lambda _: 0.0,
+        floor: float = -math.inf,
+    ) -> bool:
         """Whether the pool holds ``count`` informative groups that arrived in our round ``since_round`` or
-        later, counting at most ``producer_cap(count)`` per producer (all ``select`` takes from one): then a
-        round need not wait for more."""
+        later from producers whose ``rank`` is at least ``floor``, counting at most ``producer_cap(count)``
+        per producer (all ``select`` takes from one): then a round need not wait for more."""
         fresh = Counter(
             p.group.provenance.producer
             for p in self.groups
             if p.group.informative and p.arrived_round >= since_round
         )
-        return sum(min(n, producer_cap(count)) for n in fresh.values()) >= count
+        return sum(min(n, producer_cap(count)) for p, n in fresh.items() if rank(p) >= floor) >= count
 
-    def select(self, count: int) -> list[RolloutGroup]:
-        """SAPO choice, capped per producer: informative groups only, round-robin across producers
-        (freshest producer first), each producer's freshest group first, ties at random, at most
-        ``producer_cap(count)`` groups from one producer."""
+    def select(self, count: int, ranking: Ranking | None = None) -> list[RolloutGroup]:
+        """The SAPO choice of ``count`` groups (module docstring): informative groups only, producers
+        freshest tier first, then by ``ranking``'s score (ties at random), round-robin, each producer's
+        freshest group first, at most ``producer_cap(count)`` from one producer; one place for a newcomer
+        when the rest would all have standing. Without ``ranking`` every producer scores alike."""
         candidates = [p for p in self.groups if p.group.informative]
         self._rng.shuffle(candidates)
-        candidates.sort(key=lambda p: -p.arrived_round)  # stable: shuffled order kept within a tier
+        score = ranking.score if ranking is not None else (lambda _: 0.0)
+        scores = {producer: score(producer) for producer in {p.group.provenance.producer for p in candidates}}
+        # stable: shuffled order kept among equals
+        candidates.sort(key=lambda p: (-p.arrived_round, -scores[p.group.provenance.producer]))
         queues: dict[str, list[PooledGroup]] = {}  # producer -> its groups, freshest first
         for pooled in candidates:
             queues.setdefault(pooled.group.provenance.producer, []).append(pooled)
         chosen: list[PooledGroup] = []
-        for turn in range(producer_cap(count)):  # producers in order of their freshest group
+        for turn in range(producer_cap(count)):  # producers in order of their best group
             for queue in queues.values():
                 if turn < len(queue) and len(chosen) < count:
                     chosen.append(queue[turn])
+        if ranking is not None and len(chosen) == count:
+            chosen = _with_newcomer(chosen, queues, ranking)
         chosen_ids = {id(p) for p in chosen}
         self.groups = [p for p in self.groups if id(p) not in chosen_ids and p.group.informative]
         return [p.group for p in chosen]
+
+
+def _with_newcomer(
+    chosen: list[PooledGroup], queues: dict[str, list[PooledGroup]], ranking: Ranking
+) -> list[PooledGroup]:
+    """``chosen`` with its last place given to the first of ``ranking.newcomers`` among the producers
+    without standing waiting in ``queues``, if every chosen producer has standing (module docstring)."""
+    if not all(ranking.has_standing(p.group.provenance.producer) for p in chosen):
+        return chosen
+    waiting = [producer for producer in queues if not ranking.has_standing(producer)]
+    newcomers = ranking.newcomers(waiting)
+    if not newcomers:
+        return chosen
+    ranking.grant_newcomer(newcomers[0])
+    return chosen[:-1] + [queues[newcomers[0]][0]]

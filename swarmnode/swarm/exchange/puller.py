@@ -1,36 +1,36 @@
 """The data plane's second stage: candidates checked, new batches pending, pulls bounded in every way.
 
-A candidate's announcement is checked once (``Verifier.check_announcement``); a batch not pulled or
-accepted yet becomes *pending* with the holders heard of (its author first, at most
-MAX_HOLDERS_PER_BATCH). Pending batches are pulled at most MAX_PARALLEL_PULLS at once, authors with
-standing first, round-robin across authors, freshest first, one batch of an author at a time (the next
-only once the last is verified: a verification that bans its author or finds it over its byte rate comes
-before more of its bytes), each from its first holder not backed off, within ``pull_timeout_s`` of the
-announced size. A holder that timed out or could not be reached is backed off (BACKOFF_BASE_S, doubling
-up to BACKOFF_MAX_S), so a silent peer holds one slot for one timeout; after MAX_FETCH_ATTEMPTS tries (one
-for an author without standing) the next holder is asked. Every failed pull costs the holder score
-(PULL_PENALTIES), with standing or without: standing is kept by serving, not by having been trained on.
-Bytes other than announced (``hash_mismatch``)
-charge the holder that sent them, an oversized frame costs a strike, "not found" from the author half of
-one (NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its author settled; behind NAT
-only after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
+A candidate's announcement is checked once (``Verifier.check_announcement``); a batch not pulled or accepted
+yet becomes *pending* with the holders heard of (its author first, at most MAX_HOLDERS_PER_BATCH). Pending
+batches are pulled at most MAX_PARALLEL_PULLS at once, authors with standing first, round-robin across
+authors, freshest first, one batch of an author at a time (the next only once the last is verified: a
+verification that bans its author or finds it over its byte rate comes before more of its bytes), each from
+its first holder not backed off, within ``pull_timeout_s`` of the announced size. A holder that timed out or
+could not be reached is backed off (BACKOFF_BASE_S, doubling up to BACKOFF_MAX_S), so a silent peer holds one
+slot for one timeout; after MAX_FETCH_ATTEMPTS tries (one for an author without standing) the next holder is
+asked. Every failed pull costs the holder score (PULL_PENALTIES), with standing or without: standing is kept
+by serving, not by having been trained on. Bytes other than announced (``hash_mismatch``) charge the holder
+that sent them, an oversized frame costs a strike, "not found" from the author half of one
+(NOT_FOUND_STRIKE_WEIGHT). A batch no holder can serve is given up and its author settled; behind NAT only
+after HOLDER_WAIT_S more, since reachable peers offer such a node the batches they verified
 (exchange/intake.py).
 
 A round pulls at most K = ``pull_budget(J)`` batches of authors with standing, announced in its window,
 half of K kept for the highest scores, one batch each (``round_budget``; "announced" and "freshest" by
 ``round_budget.local_time``: a signed timestamp clamped to when this node heard of the batch): a node
-trains on J peer groups a round, so its work must grow with J, not with the swarm. Past K batches are dropped, not deferred (a round late they would be stale), and
-``Arrivals.pulls_done`` tells the round that nothing more is coming. Authors without standing new here get
-K first chances a round of their own; past those their batches wait, pending, for a later round's. An
-author once tried is not charged again: its later batches are bounded per identity.
+trains on J peer groups a round, so its work must grow with J, not with the swarm. Past K batches are
+dropped, not deferred (a round late they would be stale), and ``Arrivals.pulls_done`` tells the round that
+nothing more is coming. Authors without standing new here get K first chances a round of their own, the
+least crowded origins first; past those their batches wait, pending, for a later round's. An author once
+tried is not charged again: its later batches are bounded per identity.
 
-Bounds whatever the number of identities (exchange/standing.py): MAX_PENDING batches, PENDING_PER_AUTHOR
-of one author, PROBATION_PENDING of authors without standing; past any of them the *newest* candidate is
-dropped (counted in ``dropped``), never an older entry, except that a batch of an author whose first
-chance failed (``Roster.fail_probation``: a pull from it held a slot for its whole timeout, or it served
-other bytes than announced) makes room for one still on its first chance. Batches of authors without
-standing have their own PROBATION_PULLS workers and a shorter base timeout, and are pulled only while their
-share of the scoring CPU holds enough for one batch. Pending batches expire with their announcement.
+Bounds whatever the number of identities (exchange/standing.py): MAX_PENDING batches, PENDING_PER_AUTHOR of
+one author, PROBATION_PENDING of authors without standing; past any of them the *newest* candidate is dropped
+(counted in ``dropped``), never an older entry, except that a batch of an author whose first chance failed
+(``Roster.fail_probation``: a pull from it held a slot for its whole timeout, or it served other bytes than
+announced), else one of a more crowded origin, makes room for one on its first chance. Batches of authors
+without standing have their own PROBATION_PULLS workers and a shorter base timeout, and are pulled only while
+their share of the scoring CPU holds enough for one batch. Pending batches expire with their announcement.
 
 Threads: ``consider``, ``start_pulls`` and ``take_result`` run on the service thread; the worker pools only
 call ``fetch`` and hand the bytes back through a queue. What arrived goes to ``on_pulled``.
@@ -44,13 +44,13 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from swarmnode.common import BoundedSet
 from swarmnode.errors import PeerError
 from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.inbox import Candidate
 from swarmnode.swarm.exchange.peers import PeerBook
+from swarmnode.swarm.exchange.pending import Pending, Pulled
 from swarmnode.swarm.exchange.records import ShareTrace
 from swarmnode.swarm.exchange.roster import Roster
 from swarmnode.swarm.exchange.round_budget import RoundBudget, local_time
@@ -74,12 +74,10 @@ MAX_BACKOFF_PEERS = 4096  # holders whose back-off is remembered
 MAX_FETCH_ATTEMPTS = 2  # tries per (batch, holder) for timeouts and closed or unreachable streams
 RETRYABLE_FETCH_FAILURES = frozenset({"timeout", "closed", "unreachable"})
 # failures that end the probation of a holder without standing: it held a pull slot for a whole timeout
-# (so does sending other bytes than announced: ``take_result``). The others cost little: "unreachable" and
-# "closed" are what an honest peer behind NAT gives some of its peers (others may still pull its batches
-# through a holder), "oversize" is refused before the body and "not found" from the author is charged.
+# (as sending other bytes than announced does); "unreachable"/"closed" are what an honest peer behind NAT
+# gives some peers, "oversize" is refused before the body, "not found" from the author is charged
 PROBATION_ENDING_FAILURES = frozenset({"timeout"})
-# a pull's failure as a score penalty of the holder (exchange/standing.py PENALTIES): a timeout held a
-# slot for its whole length; "closed"/"unreachable" cost little (NAT); "oversize"/"not_found" strike instead
+# a pull's failure as a score penalty of the holder (standing.PENALTIES); "oversize"/"not_found" strike
 PULL_PENALTIES = {"timeout": "pull_timeout", "closed": "pull_failed", "unreachable": "pull_failed"}
 MAX_HOLDERS_PER_BATCH = 8  # holders remembered per pending batch (the author first)
 HOLDER_WAIT_S = 3.0  # behind NAT: how long a batch whose holders all failed waits for a holder's offer
@@ -104,41 +102,6 @@ def pull_timeout_s(payload_len: int, *, standing: bool = True) -> float:
     """How long a pull of ``payload_len`` announced bytes may take (of an author with ``standing``)."""
     base_s = PULL_TIMEOUT_BASE_S if standing else PROBATION_PULL_TIMEOUT_BASE_S
     return min(base_s + max(payload_len, 0) / PULL_BYTES_PER_S, PULL_TIMEOUT_MAX_S)
-
-
-@dataclass
-class Pending:
-    """A batch announced and not yet pulled."""
-
-    announcement: BatchAnnouncement
-    holders: list[str]  # the author first, then holders in the order heard of
-    via: str  # "notice" or "poll": what showed it first
-    get_started: float
-    seen: float
-    record_digest: bytes
-    record: bytes  # the author's signed announcement, for notices that offer the batch on
-    attempts: Counter = field(default_factory=Counter)  # per holder
-    pulling: bool = False
-    holders_failed_at: float | None = None  # monotonic time every holder had failed (behind NAT)
-
-    @property
-    def author(self) -> str:
-        return self.holders[0]
-
-    @property
-    def announced(self) -> float:
-        """When it counts as announced here: the signed timestamp clamped to when it was first heard of."""
-        return local_time(self.announcement.timestamp, self.seen)
-
-
-@dataclass(frozen=True)
-class Pulled:
-    """A batch's bytes as one holder served them, unverified, with its timing trace."""
-
-    pending: Pending
-    holder: str
-    data: bytes
-    trace: dict
 
 
 class Puller:
@@ -169,7 +132,8 @@ class Puller:
         self._client_mode = client_mode
         self.pending: OrderedDict[tuple[str, bytes], Pending] = OrderedDict()
         self._per_author: Counter[str] = Counter()  # pending batches per author
-        # candidates not taken: "author_full", "probation_full", "full", "round_budget"
+        # candidates not taken: "author_full", "probation_full", "full", "round_budget", "failed_probation",
+        # "crowded_origin"
         self.dropped: Counter[str] = Counter()
         self.budget = RoundBudget(pulls_per_round, arrivals.window)
         self._by_record: dict[bytes, tuple[str, bytes]] = {}  # announcement digest -> pending key
@@ -238,26 +202,36 @@ class Puller:
         if not self.book.has_standing(author):
             on_probation = sum(n for a, n in self._per_author.items() if not self.book.has_standing(a))
             if on_probation >= PROBATION_PENDING and (
-                self.roster.failed_probation(author) or not self._drop_one_failed()
+                self.roster.failed_probation(author) or not self._make_probation_room(author)
             ):
                 return "probation_full"
         return ""
 
-    def _drop_one_failed(self) -> bool:
-        """Make room in the probation share for an author on its first chance: drop the oldest pending
-        batch (not being pulled) of an author whose first chance failed. False if there is none."""
-        for key, pending in self.pending.items():
-            if not pending.pulling and self.roster.failed_probation(key[0]):
-                self._give_up(key, settle=False)
-                self.dropped["failed_probation"] += 1
-                return True
-        return False
+    def _make_probation_room(self, author: str) -> bool:
+        """Room in the probation share for ``author`` on its first chance: drop the oldest pending batch
+        (not being pulled) of an author whose first chance failed, else of the most crowded origin if more
+        crowded than ``author``'s (exchange/standing.py). False if there is none."""
+        idle = [
+            key for key, p in self.pending.items() if not p.pulling and not self.book.has_standing(key[0])
+        ]
+        failed = [key for key in idle if self.roster.failed_probation(key[0])]
+        crowded = max(idle, key=lambda key: self.book.crowding(key[0]), default=None)
+        if failed:
+            victim, why = failed[0], "failed_probation"
+        elif crowded is not None and self.book.crowding(crowded[0]) > self.book.crowding(author):
+            victim, why = crowded, "crowded_origin"
+        else:
+            return False
+        self._give_up(victim, settle=False)
+        self.dropped[why] += 1
+        return True
 
     def start_pulls(self) -> None:
         """Start pulls for pending batches, in ``_pull_order``, while slots (and the round's budget) last."""
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
         order = self._pull_order()
-        tops = self._top_authors(order)
+        tops = self._top_authors()
+        self.arrivals.expect(tops - self.budget.charged)  # the round waits for them (Arrivals: filled)
         for key, pending, standing in order:
             if wall - pending.announced > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
@@ -294,6 +268,7 @@ class Puller:
                 self._tried.add(pending.author)
             self._in_flight[standing] += 1
             self._authors_pulling.add(pending.author)
+            self.arrivals.pulling(pending.author)
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
         self._tell_if_done()
 
@@ -308,24 +283,25 @@ class Puller:
 
     def _tell_if_done(self) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
-        tops = self._top_authors(self._pull_order())
-        if not self.budget.round_spent(tops_pending=bool(tops)) or self._in_flight[True]:
+        tops_waiting = self._top_authors() - self.budget.charged
+        if not self.budget.round_spent(tops_pending=bool(tops_waiting)) or self._in_flight[True]:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
             return  # a batch of this round's budget is still between tries
         self.arrivals.pulls_done(self.budget.round)
 
-    def _top_authors(self, order: list[tuple[tuple[str, bytes], Pending, bool]]) -> set[str]:
-        """The authors with standing and a batch waiting for its first pull whose score is among the
-        ``budget.reserved`` highest of them (``PeerBook.ranked``): the reserve of K is theirs."""
-        waiting = dict.fromkeys(p.author for _, p, standing in order if standing and not p.attempts)
-        return set(self.book.ranked(waiting)[: self.budget.reserved])
+    def _top_authors(self) -> set[str]:
+        """The ``budget.reserved`` live roster members with standing whose scores are the highest here
+        (``PeerBook.ranked``): the reserve of K is theirs, and the round waits for their batches (up to
+        its deadline) before it fills with others'; measured here, so no claim or race takes their place."""
+        members = [peer for peer in self.roster.live_peers() if self.book.has_standing(peer)]
+        return set(self.book.ranked(members)[: self.budget.reserved])
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
         each share, so no author's many batches starve another's; the freshest first (an author's batches
         newest first, authors by their newest); in the probation share, authors on their first chance
-        first."""
+        first, of the least crowded origins first."""
         queues: dict[str, list[tuple[str, bytes]]] = {}
         fresh = lambda key: -self.pending[key].announced  # noqa: E731
         for key in sorted((k for k, p in self.pending.items() if not p.pulling), key=fresh):
@@ -334,8 +310,13 @@ class Puller:
         order = []
         for share in (True, False):
             lanes = [keys for author, keys in queues.items() if standing[author] == share]  # freshest first
-            if not share:  # authors on their first chance before those whose first chance failed
-                lanes.sort(key=lambda keys: self.roster.failed_probation(keys[0][0]))
+            if not share:  # first chances first, the least crowded origins first (exchange/standing.py)
+                lanes.sort(
+                    key=lambda keys: (
+                        self.roster.failed_probation(keys[0][0]),
+                        self.book.crowding(keys[0][0]),
+                    )
+                )
             for turn in range(max(map(len, lanes), default=0)):
                 order.extend(
                     (keys[turn], self.pending[keys[turn]], share) for keys in lanes if turn < len(keys)

@@ -15,22 +15,22 @@ banned, or a score under GRAYLIST_SCORE) not yet in the view gets no seat. Refus
 in ``refused``.
 
 The roster is this node's *view* of the swarm, not the swarm (docs/scaling.md): at most ``view_size`` cards
-(``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and
-waits for, and what its roster pages cost once the view is full (exchange/service.py), stay the same at
-100 nodes and at 10,000. The DHT's roster shards and the cards that notices carry are where members come
-from. Allocation by standing (exchange/standing.py), by local measures only (never a peer-signed time):
-at most half the view (``PROBATION_CARDS`` at the default) of peers without standing; a newer probation
-card replaces the oldest one; a card of a peer with standing replaces a probation card when the view is
-full, else the least useful member with standing (lowest score, then heard from least recently here) if
-it out-scores that one by RETURN_MARGIN; a newcomer's card replaces a member with standing only while
-those hold more than the other half, and only one not heard from here within a card lifetime (the least
-useful of those), so probation churn cannot eclipse active members; the standing bound (at most ~24 J
-peers hold standing, exchange/standing.py) leaves newcomers seats in a view of 128. A peer without
-standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole
-timeout, or it served other bytes than announced) goes behind every peer still on its first chance for
-PROBATION_RETRY_S (``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for
-live peers with standing; only while none is live, for peers without it, and for each of those only
-until its first miss (``missed``).
+(``swarm.view_size``, default ``VIEW_SIZE``), whatever the swarm's size, so whom it notifies, polls and waits
+for, and what its roster pages cost once the view is full (exchange/service.py), stay the same at 100 nodes
+and at 10,000. The DHT's roster shards and the cards that notices carry are where members come from.
+Allocation by standing (exchange/standing.py), by local measures only (never a peer-signed time): at most half
+the view (``PROBATION_CARDS`` at the default) of peers without standing; a newer probation card replaces the
+oldest one of the most crowded origin (``PeerBook.crowding``: a flood from a few networks churns through its
+own cards, a newcomer from a network of its own keeps its seat); a card of a peer with standing replaces a
+probation card when the view is full, else the least useful member with standing (lowest score, then heard
+from least recently here) if it out-scores that one by RETURN_MARGIN; a newcomer's card replaces a member with
+standing only while those hold more than the other half, and only one not heard from here within a card
+lifetime (the least useful of those), so probation churn cannot eclipse active members; the standing bound (at
+most ~24 J peers hold standing, exchange/standing.py) leaves newcomers seats in a view of 128. A peer without
+standing whose first chance failed (``fail_probation``: a pull from it held a slot for its whole timeout, or
+it served other bytes than announced) goes behind every peer still on its first chance for PROBATION_RETRY_S
+(``failed_probation``; exchange/puller.py). The round waits (``to_wait_for``) for live peers with standing;
+only while none is live, for peers without it, and for each of those only until its first miss (``missed``).
 
 Every method takes the roster's own lock, and readers get copies (``live_peers``, ``cards_now``,
 ``members_progress``): the round thread reads the roster for status and waits, the service thread admits.
@@ -160,10 +160,11 @@ class Roster:
         standing = self.book.has_standing(peer)
         full = len(self._probation) >= self.probation_cards
         if not standing and full or len(self.cards) >= self.view_size:
-            if self._probation and (standing or full):
-                self._remove(next(iter(self._probation)))  # the oldest probation card makes room
+            if self._probation and (standing or full or not self._quiet_members()):
+                # the oldest probation card of the most crowded origin makes room (exchange/standing.py)
+                self._remove(max(self._probation, key=self.book.crowding))
             elif not standing:  # members with standing hold more than their share: one gone quiet gives way
-                quiet = [p for p in self._members_with_standing() if self._quiet(p)]
+                quiet = self._quiet_members()
                 if not quiet:  # never one heard from within a card lifetime: no eclipse by probation churn
                     self.refused["roster_full"] += 1
                     return False
@@ -180,6 +181,9 @@ class Roster:
 
     def _members_with_standing(self) -> list[str]:
         return [p for p in self.cards if p not in self._probation]
+
+    def _quiet_members(self) -> list[str]:
+        return [p for p in self._members_with_standing() if self._quiet(p)]
 
     def _quiet(self, peer: str) -> bool:
         """Not heard from here (a new card or announcement, by this node's clock) within a card lifetime."""

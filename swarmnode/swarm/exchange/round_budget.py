@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
 RESERVED_SHARE = 2  # K // this of a round's K is kept for the authors with the highest score
 
 
@@ -50,6 +49,12 @@ class RoundBudget:
         self._top_used = 0  # ... and of the reserve
         self._authors: set[str] = set()  # authors charged in it (one batch each)
         self._explored = 0  # ... and first chances of new authors without standing
+
+    @property
+    def charged(self) -> frozenset[str]:
+        """The authors whose first pull started in the round whose window is open."""
+        self._roll()
+        return frozenset(self._authors)
 
     @property
     def reserved(self) -> int:

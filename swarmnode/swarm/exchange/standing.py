@@ -73,7 +73,14 @@ standing keep the rest:
   refill ``STANDING_SCORE_CPU_PER_S``, peers without ``PROBATION_SCORE_CPU_PER_S``; a batch is pulled only
   when its share holds ``MIN_SCORE_CPU_S``, and scored within what the share holds;
 - waiting: a peer without standing holds a round only while no live peer has standing here, and only
-  until its first miss (exchange/roster.py ``to_wait_for``).
+  until its first miss (exchange/roster.py ``to_wait_for``);
+- newcomers by origin: ``Scores.crowding`` counts the identities tracked here from each origin (those of
+  no known origin together, as one). First chances to be pulled go to the least crowded origins first
+  (exchange/puller.py), and the newcomer's place among a round's J groups (exchange/pool.py) only to an
+  origin holding at most COLOCATION_THRESHOLD identities here that had no such place within
+  NEWCOMER_ORIGIN_ROUNDS rounds: a flood from a few networks never takes it, an honest newcomer from a
+  network of its own takes it in its first round with a group to train on, and an attacker needs a
+  network for each place it takes in NEWCOMER_ORIGIN_ROUNDS rounds (one group of the round's J).
 """
 
 from __future__ import annotations
@@ -113,6 +120,8 @@ COLOCATION_WEIGHT = 0.25
 # how long a peer at the cap that is never trained again keeps standing, by rounds or by time alone
 SILENT_STANDING_ROUNDS = round(SCORE_HALF_LIFE_ROUNDS * math.log2(SCORE_CAP / STANDING_SCORE))  # 24
 SILENT_STANDING_S = SCORE_HALF_LIFE_S * math.log2(SCORE_CAP / STANDING_SCORE)  # 5400 s
+# an origin that had a newcomer's place among a round's groups has none again for this many rounds
+NEWCOMER_ORIGIN_ROUNDS = SCORE_HALF_LIFE_ROUNDS
 _ROUND_DECAY = 2.0 ** (-1.0 / SCORE_HALF_LIFE_ROUNDS)
 
 
@@ -149,12 +158,18 @@ class Scores:
         # kept at each change of a peer's parts and, for decay, at each round (a decayed one counts until)
         self._positive: dict[str, PeerScore] = {}
         self._per_origin: Counter[str] = Counter()
+        self._tracked: Counter[str | None] = Counter()  # identities tracked per origin (None: unknown)
+        self._granted: dict[str | None, int] = {}  # origin -> the round of its last newcomer's place
 
     def new(self, now: float) -> PeerScore:
+        self._tracked[None] += 1
         return PeerScore(age=self._age(now))
 
     def tick_round(self, now: float) -> None:
         self._rounds += 1
+        for origin, granted in list(self._granted.items()):
+            if self._rounds - granted >= NEWCOMER_ORIGIN_ROUNDS:
+                del self._granted[origin]
         for peer_id, parts in list(self._positive.items()):
             self._settle(peer_id, parts, now)
 
@@ -187,15 +202,40 @@ class Scores:
     def set_origin(self, peer_id: str, parts: PeerScore, origin: str | None, now: float) -> None:
         """``origin``, unless None (it says nothing: a known origin stays)."""
         if origin is not None and origin != parts.origin:
+            self._move(parts.origin, origin)
             parts.origin = origin
             self._settle(peer_id, parts, now)
 
+    def crowding(self, parts: PeerScore) -> int:
+        """Identities tracked here from the origin of ``parts`` (of no known origin: all such together)."""
+        return self._tracked[parts.origin]
+
+    def may_take_newcomer_place(self, parts: PeerScore) -> bool:
+        """Whether its origin may have the newcomer's place now (module docstring)."""
+        return self.crowding(parts) <= self.colocation_threshold and parts.origin not in self._granted
+
+    def grant_newcomer_place(self, parts: PeerScore) -> None:
+        self._granted[parts.origin] = self._rounds
+
+    def drop(self, peer_id: str, parts: PeerScore) -> None:
+        """``peer_id`` is no longer tracked: it leaves every count."""
+        self.forget(peer_id)
+        self._move(parts.origin, None, add=False)
+
     def forget(self, peer_id: str) -> None:
-        """``peer_id`` is no longer tracked: it leaves the colocation counts."""
+        """``peer_id`` leaves the colocation counts."""
         parts = self._positive.pop(peer_id, None)
         if parts is not None:
             self._count(parts.counted, -1)
             parts.counted = None
+
+    def _move(self, old: str | None, new: str | None, *, add: bool = True) -> None:
+        """One identity tracked less under ``old`` (and, with ``add``, more under ``new``)."""
+        self._tracked[old] -= 1
+        if self._tracked[old] <= 0:
+            del self._tracked[old]
+        if add:
+            self._tracked[new] += 1
 
     def _age(self, now: float) -> float:
         """Half-lives passed since the book started, by rounds and by local time (module docstring)."""

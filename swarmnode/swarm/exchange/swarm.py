@@ -84,7 +84,7 @@ class Swarm:
             copy.deepcopy(bank), self.swarm_id, self.book, max_age_s=self.ttl_s, limits=receive_limits,
             scoring=ScoringBudget(self.book.has_standing),
         )  # fmt: skip
-        self.arrivals = Arrivals()
+        self.arrivals = Arrivals(ranking=self.book)  # the choice of groups by what this node measured
         self.trace = records.ShareTrace(run_dir)
         self.roster = Roster(
             own_peer_id=identity.peer_id, swarm_id=self.swarm_id, fingerprint=bank.fingerprint,

@@ -17,16 +17,15 @@ or three minutes before it reserves a slot, so a node behind NAT is unreachable 
 ``relay_policy_args`` adds that flag, and the relay-service limits below, to the daemon's command line.
 
 The node sends each request to the DHT process as one pickled message over a pipe (hivemind's
-``DHT._outer_pipe``). hivemind registers the pipe's reading end with uvloop, which makes it non-blocking,
-and reads a message with ``Connection.recv``: a message that is not all in the pipe yet (one over the
-pipe's 64 KiB, or over 16 KiB, which Python writes as two writes) failed with ``[Errno 11] Resource
-temporarily unavailable`` halfway, the next read started inside it (``EOFError``), and the process died or
-stopped answering (a read of ~510 announcement keys; docs/reliability.md). hivemind also sends from whichever thread
-calls, without a lock, so two threads' messages could interleave. ``guard_request_pipe`` makes the reading
-end blocking again inside the DHT process (a message is read whole; its writer is already writing it)
-and serialises the node's sends. ``AbandonedCallFilter`` keeps the DHT process from logging a traceback
-for every call the node gave up on at its deadline.
-"""
+``DHT._outer_pipe``). hivemind registers the pipe's reading end with uvloop, which makes it non-blocking, and
+reads a message with ``Connection.recv``: a message that is not all in the pipe yet (one over the pipe's 64
+KiB, or over 16 KiB, which Python writes as two writes) failed with ``[Errno 11] Resource temporarily
+unavailable`` halfway, the next read started inside it (``EOFError``), and the process died or stopped
+answering (a read of ~510 announcement keys; docs/reliability.md). hivemind also sends from whichever thread
+calls, without a lock, so two threads' messages could interleave. ``guard_request_pipe`` makes the reading end
+blocking again inside the DHT process (a message is read whole; its writer is already writing it) and
+serialises the node's sends. ``AbandonedCallFilter`` keeps the DHT process from logging a traceback for every
+call the node gave up on at its deadline."""
 
 from __future__ import annotations
 

@@ -370,7 +370,8 @@ async def guard_stats(_dht: Any, node: Any) -> dict[str, int]:
     for inner in getattr(validator, "_validators", [validator]):
         if isinstance(inner, SignedRecordValidator):
             stats.update({f"record_refused_{k}": v for k, v in inner.rejected.items()})
-    storages = {id(s): s for s in (node.protocol.storage, node.protocol.cache)}.values()  # the same object since the cache stopped shadowing storage
+    # the same object since the cache stopped shadowing storage: counted once
+    storages = {id(s): s for s in (node.protocol.storage, node.protocol.cache)}.values()
     stats["storage_refused"] = sum(s.refused for s in storages)
     stats["storage_refused_no_work"] = sum(getattr(s, "refused_no_work", 0) for s in storages)
     return stats

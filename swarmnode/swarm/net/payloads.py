@@ -14,19 +14,17 @@ SERVE_MIN_BYTES_PER_S, at most ``serve_timeout_s`` (SERVE_MAX_S): a stream past 
 slot freed. That is never shorter than a puller waits (``exchange.puller.pull_timeout_s``: 3 s + n / 512
 KiB/s, at most 10 s), so serving never gives up on a pull its puller still waits for.
 
-Slots are kept for peers in good standing (``set_peer_standing``: the swarm says which, peers with
-standing: groups of theirs it trained on, exchange/standing.py): peers not in good standing share at most ``max_streams`` x
-(1 - ``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known peer; of those,
-one origin network (``net.origins``: IPv4 /24, IPv6 /48; loopback exempt unless configured otherwise)
-holds at most MAX_OPEN_STREAMS_PER_ORIGIN (``origin_cap``). A stream that finds its slots full evicts
-(``evicted``) the oldest stream of that share still waiting for its request, else the oldest *stalled*
-one of a peer holding more streams than the newcomer would: a stream being served for over SERVE_BASE_S
-whose reader took less than SERVE_MIN_BYTES_PER_S since (a reader that asked and never reads). An idle
-or stalled stream costs its holder the slot, not the next honest puller; and a peer cannot evict its
-way past its fair share, so Sybils that ask and never read cannot churn each other out to keep every
-slot fresh. The handler runs on the transport's event loop and never blocks it; every failure is
-counted, none escapes.
-"""
+Slots are kept for peers in good standing (``set_peer_standing``: the swarm says which, peers with standing:
+groups of theirs it trained on, exchange/standing.py): peers not in good standing share at most
+``max_streams`` x (1 - ``RESERVED_SLOT_SHARE``) slots, so Sybil ids holding streams cannot starve a known
+peer; of those, one origin network (``net.origins``: IPv4 /24, IPv6 /48; loopback exempt unless configured
+otherwise) holds at most MAX_OPEN_STREAMS_PER_ORIGIN (``origin_cap``). A stream that finds its slots full
+evicts (``evicted``) the oldest stream of that share still waiting for its request, else the oldest *stalled*
+one of a peer holding more streams than the newcomer would: a stream being served for over SERVE_BASE_S whose
+reader took less than SERVE_MIN_BYTES_PER_S since (a reader that asked and never reads). An idle or stalled
+stream costs its holder the slot, not the next honest puller; and a peer cannot evict its way past its fair
+share, so Sybils that ask and never read cannot churn each other out to keep every slot fresh. The handler
+runs on the transport's event loop and never blocks it; every failure is counted, none escapes."""
 
 from __future__ import annotations
 

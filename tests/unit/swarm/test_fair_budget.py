@@ -65,6 +65,6 @@ def test_honest_authors_keep_half_of_k_and_a_silent_identity_loses_standing(worl
             break
         victim.publish()
         tries = sum(peer == victim.peer_id for peer, _, _ in world.net.calls)
-        wait_until(lambda: sum(peer == victim.peer_id for peer, _, _ in world.net.calls) > tries, 8)
+        wait_until(lambda n=tries: sum(peer == victim.peer_id for peer, _, _ in world.net.calls) > n, 8)
         wait_until(lambda: not world.service.puller._authors_pulling, 5)
     assert not world.book.has_standing(victim.peer_id), world.book.score(victim.peer_id)

@@ -11,7 +11,8 @@ import time
 
 from swarmnode.swarm.exchange.inbox import Candidate, Inbox
 from swarmnode.swarm.exchange.intake import Intake
-from swarmnode.swarm.exchange.puller import Pulled, Puller
+from swarmnode.swarm.exchange.pending import Pulled
+from swarmnode.swarm.exchange.puller import Puller
 from swarmnode.swarm.net import dht
 from swarmnode.swarm.wire import codec
 from tests.helpers.scripted_net import Author, data_plane_parts
