@@ -1,9 +1,10 @@
 """A Sybil flood against a small honest swarm, shared by its test and benchmark (``check``: what must hold).
 
-``run_flood`` starts ``nodes`` honest ``swarmnode join`` processes (node_configs/tiny.yaml, the share
-trace on) on 127.0.0.1. Once they have all finished a round it starts ``hosts`` attacker processes
+``run_flood`` starts ``nodes`` honest ``swarmnode join`` processes (``honest_swarm``: node_configs/tiny.yaml,
+the share trace on) on 127.0.0.1. Once they have all finished a round it starts ``hosts`` attacker processes
 (``python -m benchmarks.reliability.sybil_flood``), each a real libp2p host that joins the swarm's DHT and
-speaks for its share of ``identities`` fresh Sybil identities, each minted at the swarm's identity work:
+speaks for its share of ``identities`` fresh Sybil identities, each minted at the swarm's identity work
+(``sybils``: what a host and a Sybil are):
 
 - **cards**: a valid roster card per identity, stored in the DHT (the roster shards) and carried by
   notices;
@@ -26,37 +27,21 @@ Every wait is bounded; only processes this module started are ended, by PID.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import contextlib
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-import psutil
-
-from benchmarks.harness.processes import (
-    REPO,
-    LineReader,
-    NodeProc,
-    node_env,
-    read_jsonl,
-    start_node,
-    stop_all,
-)
+from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
+from benchmarks.reliability import honest_swarm, sybils
+from benchmarks.reliability.honest_swarm import CONFIG, alive, errors, join_args, peer_id, read_status
 from benchmarks.reliability.soak import Sampler, _tree
-from swarmnode.swarm.exchange.records import SHARE_TRACE_ENV
 
 REFRESH_S = 10.0  # the attackers re-store and re-announce everything this often
 HOST_LIFETIME_S = 600.0  # an attacker host that is never ended stops by itself after this long
-SILENT_HOLD_S = 60.0  # a pull stream is held open, unanswered, this long
-CONFIG = REPO / "node_configs" / "tiny.yaml"
-MAX_ROUNDS = 10_000  # the nodes run until the flood is over and they are stopped
-ERROR_MARKERS = ("Traceback", "CRITICAL", "EOFError", "Resource temporarily unavailable")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -74,44 +59,26 @@ def run_flood(
 ) -> dict:
     """Run the flood and return its report (module docstring)."""
     swarm_id = f"flood-{os.getpid()}-{int(time.time())}"
-
-    def args(rounds_: int, min_peers: int) -> list[str]:
-        return [
-            "--config", str(CONFIG), "--rounds", str(rounds_),
-            "--set", f"swarm.swarm_id={swarm_id}", "--set", f"swarm.min_peers={min_peers}",
-            "--set", f"swarm.share_deadline_s={deadline_s}", "--set", "swarm.wait_for_peers_s=300",
-            "--set", "run.checkpoint_every=1000", "--set", "run.cpu_threads=1",
-        ]  # fmt: skip
-
     started = time.monotonic()
     honest: list[NodeProc] = []
-    attackers: list[subprocess.Popen] = []
-    readers: list[LineReader] = []
+    attackers: list[sybils.HostProc] = []
     sampler = watcher = newcomer = None
     report: dict = {"nodes": nodes, "identities": identities, "hosts": hosts, "flood_s": flood_s}
-    old_trace = os.environ.get(SHARE_TRACE_ENV)
-    os.environ[SHARE_TRACE_ENV] = "1"  # the nodes' share traces: what pulled what, when
     try:
-        honest.append(start_node(workdir / "node00", *args(MAX_ROUNDS, nodes - 1)))
-        address = honest[0].address(timeout_s=300.0)
-        for i in range(1, nodes):
-            honest.append(start_node(workdir / f"node{i:02d}", *args(MAX_ROUNDS, nodes - 1), peers=[address]))
-        for node in honest:
-            node.wait_for_round(1, timeout_s=max(started + time_limit_s - time.monotonic(), 1.0))
-        dht_pids = {node.run_dir.name: [p.pid for p in _tree(node.proc.pid)["dht"]] for node in honest}
-        sampler = Sampler(honest, 1.0).start()
-        for h in range(hosts):
-            cmd = [sys.executable, "-m", "benchmarks.reliability.sybil_flood", str(workdir / f"attacker{h}"),
-                   swarm_id, address, str(CONFIG), str(identities // hosts)]  # fmt: skip
-            attackers.append(subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                              text=True, env=node_env()))  # fmt: skip
-        readers += [LineReader(a.stdout) for a in attackers]
-        for reader in readers:
-            reader.wait_for_line(
-                lambda line: line.startswith("READY "), 300.0, lambda r=reader: "\n".join(r.lines[-20:])
-            )
-        flood_started = time.time()
-        newcomer = start_node(workdir / "newcomer", *args(MAX_ROUNDS, 1), peers=[address])
+        with honest_swarm.share_traces():  # the nodes' share traces: what pulled what, when
+            until = started + time_limit_s
+            address = honest_swarm.start_honest(workdir, swarm_id, nodes, deadline_s, until, honest)
+            dht_pids = {node.run_dir.name: [p.pid for p in _tree(node.proc.pid)["dht"]] for node in honest}
+            sampler = Sampler(honest, 1.0).start()
+            for h in range(hosts):
+                attackers.append(sybils.spawn_host(
+                    "benchmarks.reliability.sybil_flood", workdir / f"attacker{h}", swarm_id, address, CONFIG,
+                    identities // hosts,
+                ))  # fmt: skip
+            for attacker in attackers:
+                attacker.ready(timeout_s=300.0)
+            flood_started = time.time()
+            newcomer = start_node(workdir / "newcomer", *join_args(swarm_id, 1, deadline_s), peers=[address])
         newcomer.wait_for_line(f"swarm {swarm_id}: peer id", 300.0)  # its swarm is up: it announces itself
         newcomer_started = time.time()
         watcher = RosterWatcher(honest, newcomer).start()
@@ -120,38 +87,25 @@ def run_flood(
         while time.monotonic() < deadline and all(node.proc.poll() is None for node in [*honest, newcomer]):
             time.sleep(1.0)
         running = {node.run_dir.name: node.proc.poll() is None for node in [*honest, newcomer]}
-        dht_alive = {name: bool(pids) and all(_alive(pid) for pid in pids) for name, pids in dht_pids.items()}
+        dht_alive = {name: bool(pids) and all(alive(pid) for pid in pids) for name, pids in dht_pids.items()}
     finally:
         for part in (sampler, watcher):
             if part is not None:
                 part.stop()
-        for proc in attackers:
-            proc.kill()  # ours, by PID
-            proc.wait(timeout=30)
+        for attacker in attackers:
+            attacker.stop()
         stop_all([*honest, *([newcomer] if newcomer is not None else [])])
-        if old_trace is None:
-            os.environ.pop(SHARE_TRACE_ENV, None)
-        else:
-            os.environ[SHARE_TRACE_ENV] = old_trace
-    for node in [*honest, newcomer]:
-        (node.run_dir / "node.log").write_text("\n".join(node.lines) + "\n")
-    for h, reader in enumerate(readers):
-        (workdir / f"attacker{h}" / "attacker.log").write_text("\n".join(reader.lines) + "\n")
+    honest_swarm.save_logs([*honest, newcomer])
     report.update(
         wall_s=round(time.monotonic() - started, 1),
         running=running,
-        error_lines={node.run_dir.name: _errors(node) for node in [*honest, newcomer]},
+        error_lines={node.run_dir.name: errors(node) for node in [*honest, newcomer]},
         dht_alive=dht_alive,
-        flood=[
-            json.loads(line.split(" ", 1)[1])
-            for reader in readers
-            for line in reader.lines
-            if line.startswith("FLOOD ")
-        ],
+        flood=[said for attacker in attackers for said in attacker.said("FLOOD")],
         pulled_before_next_round=pulled_before_next_round(honest, since=flood_started),
         newcomer=newcomer_times(honest, newcomer, newcomer_started, watcher.first_seen),
         peak_kib=_peaks(sampler),
-        honest_status={node.run_dir.name: _status_summary(node) for node in honest},
+        honest_status={node.run_dir.name: honest_swarm.status_summary(node) for node in honest},
     )
     return report
 
@@ -175,8 +129,8 @@ class RosterWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(0.5) and self.first_seen is None:
-            newcomer = _peer_id(self.newcomer)
-            if newcomer and any(newcomer in _read_status(node).get("peers", {}) for node in self.honest):
+            newcomer = peer_id(self.newcomer)
+            if newcomer and any(newcomer in read_status(node).get("peers", {}) for node in self.honest):
                 self.first_seen = time.time()
 
 
@@ -184,7 +138,7 @@ def pulled_before_next_round(honest: list[NodeProc], since: float) -> dict:
     """Of the honest batches published after ``since`` (the publisher's last round left out), the share
     of (batch, honest receiver) pairs pulled before the publisher's next round began (exchange end + its
     training and weight sync: swarm_latency's measure)."""
-    ids = {node.run_dir.name: _peer_id(node) for node in honest}
+    ids = {node.run_dir.name: peer_id(node) for node in honest}
     traces = {node.run_dir.name: read_jsonl(node.run_dir / "share.jsonl") for node in honest}
     fetched = {  # (receiver, publisher's peer id, round) -> when its bytes arrived
         (name, e["peer"], e.get("round")): e["fetched"]
@@ -219,7 +173,7 @@ def newcomer_times(
 ) -> dict:
     """Seconds from the newcomer's joining (its swarm up, its card out: ``started``) until an honest
     roster held its card, and until an honest node had verified a batch of it (None: never)."""
-    peer = _peer_id(newcomer)
+    peer = peer_id(newcomer)
     accepted = [
         e["verified"] for node in honest for e in read_jsonl(node.run_dir / "share.jsonl")
         if e["event"] == "batch" and e["peer"] == peer and "verified" in e and e.get("groups", 0) > 0
@@ -246,79 +200,31 @@ def _peaks(sampler: Sampler | None) -> dict:
     }
 
 
-def _errors(node: NodeProc) -> list[str]:
-    return [line for line in node.lines if any(marker in line for marker in ERROR_MARKERS)][:10]
-
-
-def _status_summary(node: NodeProc) -> dict:
-    status = _read_status(node)
-    return {
-        key: status.get(key) for key in ("roster_refused", "rejected", "fetch_failures", "notices", "dht")
-    }
-
-
-def _read_status(node: NodeProc) -> dict:
-    try:
-        return json.loads((node.run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _peer_id(node: NodeProc) -> str:
-    return _read_status(node).get("peer_id", "")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 # ---------------------------------------------------------------------------------------------------
 # the attacker host (its own process)
 # ---------------------------------------------------------------------------------------------------
-async def _never_answer(info, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """A silent holder: reads the pull request, then holds the stream open and says nothing."""
-    with contextlib.suppress(Exception):
-        await reader.readexactly(32)
-        await asyncio.sleep(SILENT_HOLD_S)
-
-
 def attack(work_dir: Path, swarm_id: str, initial: str, config: str, count: int) -> None:
     """One attacker host: ``count`` Sybil identities' cards and announcements, stored and notified,
     refreshed every REFRESH_S; prints ``READY {json}`` once its first flood is out."""
-    from swarmnode.config import SwarmConfig, load_config
-    from swarmnode.identity import Identity
-    from swarmnode.swarm.net import dht
-    from swarmnode.swarm.net.transport import Transport
-    from swarmnode.swarm.wire import framing, work
+    from swarmnode.config import load_config
     from swarmnode.tasks import TaskBank
 
     cfg = load_config(config)
     fingerprint = TaskBank(cfg.tasks, default_seed=0).fingerprint
-    work_dir.mkdir(parents=True, exist_ok=True)
-    Identity.generate().save(work_dir / "host.key")
-    transport = Transport(
-        work_dir / "host.key", SwarmConfig(swarm_id=swarm_id, initial_peers=[initial]), start_timeout_s=120.0
-    )
-    transport.serve(framing.PAYLOAD_STREAM, _never_answer)
-    transport.start()
-    sybils = {}  # peer id -> (identity, its proof of work at the swarm's bits)
-    for _ in range(count):
-        identity = Identity.generate()
-        sybils[identity.peer_id] = (identity, work.mint(identity.public_key, cfg.swarm.identity_work_bits))
+    bits = cfg.swarm.identity_work_bits
+    transport = sybils.start_host(work_dir / "host.key", swarm_id, initial, bits, silent=True)
+    flood = sybils.mint(count, bits)
     sends = concurrent.futures.ThreadPoolExecutor(16)  # off the refresh's timer; records signed when sent
     jobs: dict[str, concurrent.futures.Future] = {}  # Sybil -> its flood job in flight (one at a time)
     started = time.monotonic()
     for refresh in range(int(HOST_LIFETIME_S / REFRESH_S)):
-        honest = _honest_peers(dht.read_roster(transport.records, swarm_id, 10.0), swarm_id)
+        honest = sybils.honest_peers(transport, swarm_id, ours=set())
         done = [peer for peer, job in jobs.items() if job.done()]
         sent = sum(jobs.pop(peer).result() for peer in done)
-        for peer, (identity, nonce) in sybils.items():
-            if peer not in jobs:
-                jobs[peer] = sends.submit(
-                    _flood_one, transport, swarm_id, identity, nonce, fingerprint, honest, 1 + refresh
+        for sybil in flood:
+            if sybil.peer_id not in jobs:
+                jobs[sybil.peer_id] = sends.submit(
+                    _flood_one, transport, swarm_id, sybil, fingerprint, honest, 1 + refresh
                 )
         if refresh == 0:
             print("READY " + json.dumps({"identities": count, "honest": len(honest)}), flush=True)
@@ -327,52 +233,14 @@ def attack(work_dir: Path, swarm_id: str, initial: str, config: str, count: int)
     transport.shutdown()
 
 
-def _honest_peers(cards: list[tuple[str, bytes]], swarm_id: str) -> list[str]:
-    """The roster's peers that are not Sybils (any host's): whom the notices go to."""
-    from swarmnode.swarm.wire import codec, limits
-
-    honest = []
-    for peer, record in cards:
-        with contextlib.suppress(limits.ProtocolError):
-            card, _ = codec.decode_message(record, swarm_id=swarm_id, expected_peer_id=peer)
-            if card.model_name != "sybil":
-                honest.append(peer)
-    return honest
-
-
 def _flood_one(
-    transport, swarm_id: str, identity, nonce: bytes, fingerprint: str, honest: list[str], round_: int
+    transport, swarm_id: str, sybil: sybils.Sybil, fingerprint: str, honest: list[str], round_: int
 ) -> int:
-    """One Sybil's fresh card and announcement: stored in the DHT and pushed to ``honest`` as notices
-    (the card with them). How many of its records and notices were taken."""
-    from swarmnode.swarm.exchange.compat import roster_extra
-    from swarmnode.swarm.net import dht, notices
-    from swarmnode.swarm.wire import codec, protocol
-
-    now, seq = time.time(), int(time.time() * 1000)
-    card = codec.encode_message(identity, swarm_id, protocol.RosterCard(
-        peer_id=identity.peer_id, swarm_id=swarm_id, model_name="sybil", tokenizer_fingerprint="",
-        policy_version=0, round=0, addrs=(), timestamp=now, seq=seq, extra=roster_extra(fingerprint),
-        work_nonce=nonce,
-    ))  # fmt: skip
-    announcement = codec.encode_message(identity, swarm_id, protocol.BatchAnnouncement(
-        peer_id=identity.peer_id, swarm_id=swarm_id, round=round_, policy_version=0,
-        payload_sha256=os.urandom(32), payload_len=1024, n_groups=2, timestamp=now, seq=seq + 1,
-    ))  # fmt: skip
-    taken = 0
-    sending = notices.notify(transport, honest, identity.peer_id, announcement, card)
-    taken += _ok(dht.put_card, transport.records, swarm_id, identity.peer_id, card, 60.0, 10.0)
-    taken += _ok(dht.put_announcement, transport.records, swarm_id, identity.peer_id, announcement, 10.0)
-    with contextlib.suppress(Exception):
-        taken += sending.result(timeout=10.0) if sending is not None else 0
-    return taken
-
-
-def _ok(call, *args) -> bool:
-    try:
-        return bool(call(*args))
-    except Exception:  # noqa: BLE001 - a store that failed is counted as not taken
-        return False
+    """One Sybil's fresh card and an announcement of a batch that does not exist: stored in the DHT and
+    pushed to ``honest`` as notices (the card with them). How many of its records and notices were taken."""
+    card = sybil.card(swarm_id, fingerprint)
+    announcement = sybil.announcement(swarm_id, round_, os.urandom(32), 1024, 2)
+    return sybils.send(transport, swarm_id, sybil, card, announcement=announcement, notify=honest)
 
 
 if __name__ == "__main__":
@@ -393,7 +261,7 @@ def check(report: dict) -> list[str]:
         f"{name} stopped before the flood was over" for name, up in report["running"].items() if not up
     ]
     problems += [f"{name} logged {lines[0]!r}" for name, lines in report["error_lines"].items() if lines]
-    problems += [f"{name}'s DHT process died" for name, alive in report["dht_alive"].items() if not alive]
+    problems += [f"{name}'s DHT process died" for name, up in report["dht_alive"].items() if not up]
     pulled = report["pulled_before_next_round"]
     if not pulled["share"] >= MIN_PULLED_SHARE:
         problems.append(f"honest batches pulled before the next round: {pulled}")
