@@ -5,8 +5,9 @@ traces on) on 127.0.0.1. Once each has finished a round it starts ONE hostile pr
 holding ``identities`` identities with the swarm's identity work, split by ``MIX_SHARES`` into canned
 (valid batches of canned text that score: the cheapest route to standing), silent (announce, never
 serve), future-dated (timestamps signed 25 s ahead; canned batches) and newcomer churn (fresh identities
-every refresh, some publishing canned batches). The attack goes on for ``attack_s`` while every node keeps running rounds; a watcher reads each
-honest node's status.json every STATUS_EVERY_S (which peers hold standing there, which hold roster seats).
+every refresh, some publishing canned batches). The attack goes on for ``attack_s`` while every node
+keeps running rounds; a watcher reads each honest node's status.json every STATUS_EVERY_S (which peers
+hold standing there, which hold roster seats).
 
 What the report says per honest node, of its rounds whose exchange began after the attacker was ready and
 ended before anything was stopped:
