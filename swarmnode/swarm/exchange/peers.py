@@ -289,6 +289,12 @@ class PeerBook:
                 return False
             return now < peer.banned_until or self._score(peer_id, now) < GRAYLIST_SCORE
 
+    def origin_of(self, peer_id: str) -> str | None:
+        """The origin ``peer_id`` was last seen from (``note_origin``); None if unknown."""
+        with self._lock:
+            peer = self._peers.get(peer_id)
+            return None if peer is None else peer.score.origin
+
     def crowding(self, peer_id: str) -> int:
         """Identities tracked here from ``peer_id``'s origin (``Scores.crowding``; 0 for one not tracked)."""
         with self._lock:

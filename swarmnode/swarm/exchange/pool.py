@@ -8,17 +8,16 @@ stop waiting; ``select`` takes the round's J groups: zero-advantage groups dropp
 re-scoring, then round-robin across producers, each producer's freshest group first, at most
 ``producer_cap(J)`` from one producer. Each group is trained on at most once.
 
-The order of producers is what this node measured, never what they claim (``Ranking``, the peer book):
-the freshest tier first (the round a group arrived in here), then the highest score (groups of theirs
-this node trained on, decayed: exchange/standing.py), ties at random. So identities whose standing was
-bought once with a canned batch come after the peers this node keeps training on. Newcomers score 0 and
-would never be chosen in a busy swarm, so one of the J goes to a producer without standing whenever the
-others would all be producers with standing: the one ``Ranking.newcomers`` puts first (an origin that
-holds few identities here and had no newcomer's place lately), so a flood of fresh identities from a few
-networks never takes it, and each network takes it at most once in ``standing.NEWCOMER_ORIGIN_ROUNDS``.
-A peer's group weighs at most as much as a local one (``learn.batch``), and the local groups, which a
-peer never displaces, are the floor of every round.
-"""
+The order of producers is what this node measured, never what they claim (``Ranking``, the peer book): the
+freshest tier first (the round a group arrived in here), then places by score (groups of theirs this node
+trained on, decayed: exchange/standing.py) as seats in a proportional vote, ties at random. So identities
+whose standing was bought once with a canned batch come after the peers this node keeps training on. Newcomers
+score 0 and would never be chosen in a busy swarm, so one of the J goes to a producer without standing
+whenever the others would all be producers with standing: the one ``Ranking.newcomers`` puts first (an origin
+that holds few identities here and had no newcomer's place lately), so a flood of fresh identities from a few
+networks never takes it, and each network takes it at most once in ``standing.NEWCOMER_ORIGIN_ROUNDS``. A
+peer's group weighs at most as much as a local one (``learn.batch``), and the local groups, which a peer never
+displaces, are the floor of every round."""
 
 from __future__ import annotations
 
@@ -129,25 +128,31 @@ class GroupPool:
         return sum(min(n, producer_cap(count)) for p, n in fresh.items() if rank(p) >= floor) >= count
 
     def select(self, count: int, ranking: Ranking | None = None) -> list[RolloutGroup]:
-        """The SAPO choice of ``count`` groups (module docstring): informative groups only, producers
-        freshest tier first, then by ``ranking``'s score (ties at random), round-robin, each producer's
-        freshest group first, at most ``producer_cap(count)`` from one producer; one place for a newcomer
-        when the rest would all have standing. Without ``ranking`` every producer scores alike."""
+        """The SAPO choice of ``count`` groups (module docstring): informative groups only, the freshest
+        tier first; within it places go by ``ranking``'s score as seats in a proportional vote (D'Hondt:
+        a producer's k-th group counts score / k, so a peer scored 4 has its second group before one
+        scored 1.5 has its first, and equals alternate), ties at random, each producer's freshest group
+        first, at most ``producer_cap(count)`` from one producer; one place for a newcomer when the rest
+        would all have standing. Without ``ranking`` every producer scores alike (round-robin)."""
         candidates = [p for p in self.groups if p.group.informative]
         self._rng.shuffle(candidates)
-        score = ranking.score if ranking is not None else (lambda _: 0.0)
+        score = ranking.score if ranking is not None else (lambda _: 1.0)
         scores = {producer: score(producer) for producer in {p.group.provenance.producer for p in candidates}}
-        # stable: shuffled order kept among equals
-        candidates.sort(key=lambda p: (-p.arrived_round, -scores[p.group.provenance.producer]))
-        queues: dict[str, list[PooledGroup]] = {}  # producer -> its groups, freshest first
+        candidates.sort(key=lambda p: -p.arrived_round)  # stable: shuffled order kept within a tier
+        turns: Counter[str] = Counter()  # groups of each producer ahead of this one
+        keyed = []
         for pooled in candidates:
-            queues.setdefault(pooled.group.provenance.producer, []).append(pooled)
-        chosen: list[PooledGroup] = []
-        for turn in range(producer_cap(count)):  # producers in order of their best group
-            for queue in queues.values():
-                if turn < len(queue) and len(chosen) < count:
-                    chosen.append(queue[turn])
+            producer = pooled.group.provenance.producer
+            turns[producer] += 1
+            if turns[producer] <= producer_cap(count):
+                quotient = scores[producer] / turns[producer] if scores[producer] > 0 else scores[producer]
+                keyed.append(((-pooled.arrived_round, -quotient, turns[producer]), pooled))
+        keyed.sort(key=lambda item: item[0])  # stable: ties at random
+        chosen = [pooled for _, pooled in keyed[:count]]
         if ranking is not None and len(chosen) == count:
+            queues: dict[str, list[PooledGroup]] = {}  # producer -> its groups, freshest first
+            for pooled in candidates:
+                queues.setdefault(pooled.group.provenance.producer, []).append(pooled)
             chosen = _with_newcomer(chosen, queues, ranking)
         chosen_ids = {id(p) for p in chosen}
         self.groups = [p for p in self.groups if id(p) not in chosen_ids and p.group.informative]

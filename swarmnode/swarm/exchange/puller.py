@@ -257,14 +257,15 @@ class Puller:
             if not standing and not self.verifier.can_score(pending.author):
                 continue
             new_author = not standing and pending.author not in self._tried
-            if new_author and self.budget.exploration_spent():
+            origin = self.book.origin_of(pending.author) if new_author else None
+            if new_author and self.budget.exploration_spent(origin):
                 continue  # pending for a later round's share
             pending.pulling = True
             pending.attempts[holder] += 1
             if first_pull and standing:
                 self.budget.charge(pending.author, top)
             elif new_author:
-                self.budget.charge_exploration()
+                self.budget.charge_exploration(origin)
                 self._tried.add(pending.author)
             self._in_flight[standing] += 1
             self._authors_pulling.add(pending.author)

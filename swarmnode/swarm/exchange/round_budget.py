@@ -1,12 +1,13 @@
 """A round's pull budget: K first pulls of batches of authors with standing per round of this node, only
 of batches announced in the round's own window (exchange/puller.py uses it), and K first chances (a first
-pull) a round for authors without standing new to this node.
+pull) a round for authors without standing new to this node, first come, at most EXPLORATION_PER_ORIGIN
+of them for one known origin and 3/4 K for all of unknown origin.
 
-Why: a node trains on J peer groups a round, so what it pulls must grow with J (K = 2 J), not with the
-swarm, nor with the identities joining (a silent Sybil costs a pull timeout each); past the share a
-newcomer's batch stays pending (bounded: standing.PROBATION_PENDING) for a later round, and with a share of
-K a swarm of 2 K meets in 2 rounds. A deferred batch may be pulled after a newer one of its author:
-superseded, and verified like any other (PROTOCOL.md section 7).
+Why: a node trains on J peer groups a round, so what it pulls must grow with J (K = 2 J), not with the swarm,
+nor with the identities joining (a silent Sybil costs a pull timeout each); past the share a newcomer's batch
+stays pending (bounded: standing.PROBATION_PENDING) for a later round, and with a share of K a swarm of 2 K
+meets in 2 rounds (on loopback, where origins are unknown, in 3). A deferred batch may be pulled after a newer
+one of its author: superseded, and verified like any other (PROTOCOL.md section 7).
 
 A round's window opens when the last exchange ends (``Arrivals.take``). A batch announced before belongs
 to the last wave: heard of only now (by the DHT poll, seconds after the notices), it would be trained on a
@@ -27,9 +28,16 @@ The measurements behind these choices: docs/scaling.md.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 RESERVED_SHARE = 2  # K // this of a round's K is kept for the authors with the highest score
+# first chances a round for new authors of one known origin (/24, /48): a flood from a few networks
+# leaves the rest of the K to newcomers from others, whichever came first
+EXPLORATION_PER_ORIGIN = 1
+# ... and K // this of them is kept from newcomers of unknown origin (DHT poll only, loopback, relayed):
+# honest newcomers notify, so their origin is known
+UNKNOWN_ORIGIN_SPARE = 4
 
 
 def local_time(announced_ts: float, seen: float) -> float:
@@ -48,7 +56,7 @@ class RoundBudget:
         self._used = 0  # first pulls started in it, outside the reserve ...
         self._top_used = 0  # ... and of the reserve
         self._authors: set[str] = set()  # authors charged in it (one batch each)
-        self._explored = 0  # ... and first chances of new authors without standing
+        self._explored: Counter[str | None] = Counter()  # ... and first chances of newcomers, per origin
 
     @property
     def charged(self) -> frozenset[str]:
@@ -64,7 +72,7 @@ class RoundBudget:
     def _roll(self) -> None:
         round_, opened = self._window()
         if round_ != self.round:
-            self.round, self._opened, self._used, self._explored = round_, opened, 0, 0
+            self.round, self._opened, self._used, self._explored = round_, opened, 0, Counter()
             self._top_used, self._authors = 0, set()
 
     def spent(self, announced_ts: float, author: str = "", top: bool = False) -> bool:
@@ -97,12 +105,16 @@ class RoundBudget:
         rest_spent = self._used >= self.k - self.reserved
         return rest_spent and (self._top_used >= self.reserved or not tops_pending)
 
-    def exploration_spent(self) -> bool:
-        """Whether this round's K first chances of new authors without standing are used up."""
+    def exploration_spent(self, origin: str | None = None) -> bool:
+        """Whether this round's first chances for new authors without standing are used up: K in all,
+        EXPLORATION_PER_ORIGIN for one known ``origin`` (``PeerBook.origin_of``), all but
+        K // UNKNOWN_ORIGIN_SPARE for all of unknown origin together (an attacker hiding where it comes from
+        shares one bucket)."""
         self._roll()
-        return self._explored >= self.k
+        per_origin = self.k - self.k // UNKNOWN_ORIGIN_SPARE if origin is None else EXPLORATION_PER_ORIGIN
+        return sum(self._explored.values()) >= self.k or self._explored[origin] >= per_origin
 
-    def charge_exploration(self) -> None:
-        """A new author without standing got its first pull."""
+    def charge_exploration(self, origin: str | None = None) -> None:
+        """A new author without standing, seen from ``origin``, got its first pull."""
         self._roll()
-        self._explored += 1
+        self._explored[origin] += 1

@@ -9,6 +9,7 @@ import random
 from collections import Counter
 
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup, TaskRef
+from swarmnode.swarm.exchange.peers import PeerBook
 from swarmnode.swarm.exchange.pool import MAX_POOL_GROUPS_PER_PRODUCER, GroupPool, producer_cap
 
 HOSTILE = "12D3KooW-hostile"
@@ -106,3 +107,24 @@ def test_a_round_stops_waiting_only_when_select_would_fill_j_with_fresh_groups()
     pool.add(groups(HONEST[2], 1, 2, start=1), 2)
     assert pool.can_fill(4, since_round=2) and pool.can_fill(0, since_round=2)
     assert len(pool.select(4)) == 4
+
+
+def test_places_go_by_score_as_seats_so_a_bought_standing_never_outranks_a_second_honest_group():
+    """Three honest peers this node keeps training on (score at the cap) and identities whose standing was
+    bought with one canned group: the round's J = 4 places are all honest. Ranked within round-robin
+    turns (every producer's first group before any second), the fourth place went to a bought identity
+    whenever one had a group pooled: at most 75% honest (measured in the real-process Sybil mix)."""
+    book = PeerBook()
+    for peer in HONEST:
+        book.credit_trained(peer, 4)
+    bought = [f"12D3KooW-bought-{i}" for i in range(8)]
+    for peer in bought:
+        book.credit_trained(peer, 1)
+    pool = GroupPool(random.Random(0))
+    for peer in HONEST:
+        pool.add(groups(peer, 2, 1), 1)
+    for peer in bought:
+        pool.add(groups(peer, 2, 1), 1)
+    chosen = Counter(g.provenance.producer for g in pool.select(4, book))
+    assert set(chosen) <= set(HONEST) and sum(chosen.values()) == 4, chosen
+    assert max(chosen.values()) <= producer_cap(4)

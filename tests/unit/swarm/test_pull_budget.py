@@ -16,6 +16,7 @@ from benchmarks.harness.waiting import wait_until
 from swarmnode.swarm.exchange import fanout, puller
 from swarmnode.swarm.exchange.arrivals import Arrivals
 from swarmnode.swarm.exchange.fanout import NOTICE_FANOUT, NOTICE_ROTATION_S
+from swarmnode.swarm.exchange.round_budget import EXPLORATION_PER_ORIGIN, UNKNOWN_ORIGIN_SPARE
 from swarmnode.swarm.exchange.standing import PROBATION_PENDING
 from swarmnode.swarm.net.reachability import HOLDER_OFFER_FANOUT
 from swarmnode.swarm.wire import codec
@@ -23,6 +24,11 @@ from tests.helpers.scripted_net import received
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
 
 SWARM_OVER_BUDGET = 5  # the swarm in these tests is this many times the pull budget
+
+
+def _unknown_origin_share(budget) -> int:
+    """First chances a round for newcomers whose origin this node does not know (all of them together)."""
+    return budget.k - budget.k // UNKNOWN_ORIGIN_SPARE
 
 
 def _pulls_done(world) -> int:
@@ -105,7 +111,7 @@ def test_newcomers_get_a_bounded_share_of_first_pulls_a_round_whatever_their_num
     for author in newcomers:
         author.publish()
     world.start()
-    share = budget.k
+    share = _unknown_origin_share(budget)  # no notices here: their origins are unknown
     assert wait_until(lambda: received(world) == share, 20), world.arrivals.snapshot().counters
     time.sleep(3 * 0.2)  # three more polls: nothing more this round
     assert len(world.net.calls) == received(world) == share  # the old code: all 40
@@ -206,13 +212,33 @@ def test_a_received_notice_is_never_passed_on_and_holder_offers_stay_within_k_ti
     assert world.net.notices_sent == budget * HOLDER_OFFER_FANOUT
 
 
+def test_newcomers_of_one_network_get_one_first_chance_a_round_and_leave_the_rest_to_others(world):
+    """First chances are first come, but bounded per origin (/24, /48): a flood of 40 fresh identities
+    from two networks, announced before a newcomer from a third, takes EXPLORATION_PER_ORIGIN each, and
+    the newcomer is pulled in the same round (the old share went to the first K, all of the flood)."""
+    budget = world.service.puller.budget
+    world.authors(WORLD_PEER_GROUPS, standing=True)
+    flood = world.authors(40)
+    for i, author in enumerate(flood):
+        world.book.note_origin(author.peer_id, f"203.0.{i % 2}.0/24")  # as their notices tell
+        author.publish()
+    (newcomer,) = world.authors(1)
+    world.book.note_origin(newcomer.peer_id, "198.51.100.0/24")
+    world.start()
+    assert wait_until(lambda: received(world) == 2 * EXPLORATION_PER_ORIGIN, 20), world.net.calls
+    newcomer.publish()
+    assert wait_until(lambda: newcomer.peer_id in pulled_authors(world), 20), world.net.calls
+    time.sleep(3 * 0.2)  # three more polls: no more of the flood this round
+    assert len(set(pulled_authors(world))) == 2 * EXPLORATION_PER_ORIGIN + 1 < budget.k
+
+
 def test_an_author_once_tried_is_not_charged_to_the_share_again(world):
     """The share counts identities new here: a newcomer whose first chance was given (here it served
     tampered bytes, so it has no standing) gets its next batch pulled though the round's share is spent;
     its later batches are bounded per identity instead (strikes, the failed-probation order)."""
     budget = world.service.puller.budget
     world.authors(WORLD_PEER_GROUPS, standing=True)
-    share = budget.k
+    share = _unknown_origin_share(budget)
     tried, *others = world.authors(share)
     world.net.behaviour[tried.peer_id] = "tamper"
     tried.publish()
