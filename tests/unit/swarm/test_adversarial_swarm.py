@@ -28,7 +28,10 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 from benchmarks.harness.waiting import wait_until
+from swarmnode.config import TasksConfig
 from swarmnode.swarm.exchange import fanout
 from swarmnode.swarm.exchange.puller import pull_budget
 from swarmnode.swarm.exchange.standing import (
@@ -38,6 +41,7 @@ from swarmnode.swarm.exchange.standing import (
     standing_bound,
 )
 from swarmnode.swarm.wire import limits
+from swarmnode.tasks import TaskBank
 from tests.unit.swarm.conftest import WORLD_PEER_GROUPS
 
 J = WORLD_PEER_GROUPS
@@ -54,6 +58,13 @@ RING_GROUND = 16  # of each churn: keys ground to follow this node on the ring o
 ROUNDS = 6
 NEWCOMER_ROUNDS = 3
 SILENT_ROUNDS = 5  # the silent ones pull in the last ROUNDS - CHURNS rounds (3 < 5)
+
+
+@pytest.fixture(scope="module")
+def bank() -> TaskBank:
+    """The node's task mix here: one cheap dataset (the test makes ~3,000 batches of correct groups; a
+    propositional_logic answer takes the test's oracle a search)."""
+    return TaskBank(TasksConfig(mix={"basic_arithmetic": {}}, format_reward=0.1, seed=1))
 
 
 def _origin(kind: str, i: int) -> str:
