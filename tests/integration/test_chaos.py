@@ -122,6 +122,7 @@ def _accepted(node: NodeProc) -> int:
     return node.status()["rollouts"]["groups_accepted"]
 
 
+@pytest.mark.slow  # 41 s of the default suite's 15 minutes (netns firewalls: test_netns*.py): pytest -m slow
 @pytest.mark.skipif(NETNS_REASON is not None, reason=NETNS_REASON or "")
 def test_a_cut_link_and_a_firewall_stall_nobody_and_exchange_resumes(tmp_path):
     """Three hosts and a bootstrap on a bridge. Host c's cable is pulled for two of its rounds and

@@ -15,6 +15,7 @@ import pytest
 from benchmarks.reliability.soak import KINDS, check, run_soak
 
 
+@pytest.mark.slow  # 25 s of the default suite's 15 minutes; with the long soak below: pytest -m slow
 def test_four_nodes_ten_rounds_stay_flat_and_keep_exchanging(tmp_path):
     report = run_soak(
         tmp_path, nodes=4, rounds=10, deadline_s=8.0, checkpoint_every=2, warmup=2, cooldown=1, period_s=0.2,
