@@ -35,6 +35,14 @@ from swarmnode.rollouts import RolloutGroup
 from swarmnode.swarm.exchange.pool import GroupPool, Ranking
 from swarmnode.swarm.exchange.records import ArrivalHistogram, SwarmCounters
 
+# the share of a round's wait (from its start to the share deadline) during which a batch not announced
+# yet of an author the pull reserve is kept for still counts as to come (``expect``)
+TOP_GRACE_SHARE = 0.25
+# ... and meanwhile the pool counts as filled with groups of producers ranked at least this share of the
+# lowest-ranked of them: in an honest swarm the peers this node trains on nearly as much fill the round at
+# once, identities whose standing was bought with one canned group do not
+UNANNOUNCED_RANK_SHARE = 0.5
+
 
 @dataclass(frozen=True)
 class ArrivalsSnapshot:
@@ -72,7 +80,9 @@ class Arrivals:
         self._pool = pool if pool is not None else GroupPool()
         self._ranking = ranking
         self._rank: Callable[[str], float] = ranking.score if ranking is not None else (lambda _: 0.0)
-        self._expected: set[str] = set()  # authors whose batch is to come this exchange (``expect``)
+        self._expected: set[str] = set()  # authors whose batch is to come this exchange (``expect``) ...
+        self._unannounced: set[str] = set()  # ... and those whose batch is not even announced yet
+        self._grace_end = 0.0  # until when the round's wait counts the unannounced ones (monotonic)
         # peers not to wait for any more this exchange: their batch arrived (accepted or rejected) or
         # cannot arrive (the pull failed for good, e.g. the peer left right after publishing)
         self._settled: set[str] = set()
@@ -122,12 +132,15 @@ class Arrivals:
         groups of producers ranked at least as high (``_over``)."""
         self.expect({author})
 
-    def expect(self, authors: set[str]) -> None:
+    def expect(self, authors: set[str], *, announced: bool = True) -> None:
         """Batches of ``authors`` are to come this exchange (being pulled, or of the authors the pull budget
         keeps its reserve for): until each is settled, the pool counts as filled only with groups of
-        producers ranked at least as high (``_over``)."""
+        producers ranked at least as high (``_over``). Not ``announced`` yet (a reserve author's next
+        batch): only for the first TOP_GRACE_SHARE of the round's wait and with a floor of
+        UNANNOUNCED_RANK_SHARE of their rank, so a slower peer does not hold every round, and a race to
+        announce first does not take the round from the peers ranked highest."""
         with self._lock:
-            self._expected |= authors
+            (self._expected if announced else self._unannounced).update(authors)
 
     def settle(self, peer: str) -> None:
         """``peer`` is not waited for any more this exchange (its batch cannot arrive)."""
@@ -172,12 +185,16 @@ class Arrivals:
         (time.monotonic()). Before each look a peer for which ``keep`` is False (gone from the roster,
         banned) is no longer waited for. Returns why it ended (``_over``) and the peers still waited for."""
         with self._lock:
+            now = time.monotonic()
+            self._grace_end = now + TOP_GRACE_SHARE * max(deadline - now, 0.0)
             while True:
                 peers = {peer for peer in peers if keep(peer)}
                 ended_by = self._over(peers, round_, wanted, deadline)
                 if ended_by:
                     return ended_by, peers
-                self._changed.wait(max(deadline - time.monotonic(), 0.0))
+                now = time.monotonic()
+                wake_at = self._grace_end if now < self._grace_end else deadline  # look again when it ends
+                self._changed.wait(max(wake_at - now, 0.0))
 
     def _over(self, peers: set[str], round_: int, wanted: int, deadline: float) -> str:
         """Why a round's wait for ``peers`` ends now, or "" while it goes on (the share trace records it):
@@ -187,11 +204,14 @@ class Arrivals:
             return "nobody"
         if peers <= self._settled:
             return "settled"
-        # filled: by groups that no batch still being pulled could outrank (a pull settles on arrival)
+        # filled: by groups that no batch still to come could outrank (a pull settles on arrival)
+        unannounced = self._unannounced - self._settled if time.monotonic() < self._grace_end else set()
         floor = max((self._rank(author) for author in self._expected - self._settled), default=-math.inf)
+        if unannounced:  # groups of peers ranked near them do; a bought standing does not
+            floor = max(floor, UNANNOUNCED_RANK_SHARE * min(self._rank(author) for author in unannounced))
         if self._pool.can_fill(wanted, since_round=round_, rank=self._rank, floor=floor):
             return "filled"
-        if self._pulls_done_round >= round_:
+        if self._pulls_done_round >= round_ and not unannounced:
             return "budget"
         return "deadline" if time.monotonic() >= deadline else ""
 
@@ -203,6 +223,7 @@ class Arrivals:
             delivered, missed = awaited & self._settled, awaited - self._settled
             self._settled.clear()
             self._expected.clear()
+            self._unannounced.clear()
             self._open(round_ + 1)
             chosen = self._pool.select(wanted, self._ranking)
             self._trained += len(chosen)

@@ -231,7 +231,9 @@ class Puller:
         now, wall = time.monotonic(), self.verifier.clock()  # the clock freshness is judged by
         order = self._pull_order()
         tops = self._top_authors()
-        self.arrivals.expect(tops - self.budget.charged)  # the round waits for them (Arrivals: filled)
+        waiting = self._tops_waiting(tops)  # the round waits for them (Arrivals: filled) ...
+        self.arrivals.expect(waiting)
+        self.arrivals.expect(tops - waiting - self.budget.charged, announced=False)  # ... for a while
         for key, pending, standing in order:
             if wall - pending.announced > self.verifier.max_age_s:  # expired unpulled
                 self._give_up(key, settle=False)
@@ -284,7 +286,7 @@ class Puller:
 
     def _tell_if_done(self) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
-        tops_waiting = self._top_authors() - self.budget.charged
+        tops_waiting = self._tops_waiting(self._top_authors())
         if not self.budget.round_spent(tops_pending=bool(tops_waiting)) or self._in_flight[True]:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):
@@ -293,10 +295,17 @@ class Puller:
 
     def _top_authors(self) -> set[str]:
         """The ``budget.reserved`` live roster members with standing whose scores are the highest here
-        (``PeerBook.ranked``): the reserve of K is theirs, and the round waits for their batches (up to
-        its deadline) before it fills with others'; measured here, so no claim or race takes their place."""
+        (``PeerBook.ranked``): the reserve of K is theirs, measured here, so no claim or race to announce
+        first takes their place."""
         members = [peer for peer in self.roster.live_peers() if self.book.has_standing(peer)]
         return set(self.book.ranked(members)[: self.budget.reserved])
+
+    def _tops_waiting(self, tops: set[str]) -> set[str]:
+        """Of ``tops``, those with a batch heard of and not yet pulled this round: the round waits for them
+        (up to its deadline) before it fills with lower-ranked groups; for those not announced yet only for
+        a part of it (``Arrivals.expect``)."""
+        charged = self.budget.charged
+        return {p.author for p in self.pending.values() if p.author in tops and p.author not in charged}
 
     def _pull_order(self) -> list[tuple[tuple[str, bytes], Pending, bool]]:
         """Pending batches not being pulled: authors with standing first, round-robin across authors in
