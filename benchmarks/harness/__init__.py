@@ -3,6 +3,7 @@
     processes     start real ``swarmnode`` processes (join, solo, bootstrap) on 127.0.0.1 and read their logs
     _clock_jump   a prefix that runs a node with its wall clock shifted (a script, not imported)
     waiting       ``wait_until``: the one bounded poll
+    periodic      ``Periodic``: a watcher's tick every period in a thread, until stopped
     stats         a mean with its Student-t interval, paired differences, TOST (scipy: the ``test`` extra)
     cohorts       whether a loopback swarm ran as one swarm or split into cohorts
 

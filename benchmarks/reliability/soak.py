@@ -34,13 +34,13 @@ import itertools
 import json
 import os
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
+from benchmarks.harness.periodic import Periodic
 from benchmarks.harness.processes import REPO, NodeProc, read_jsonl, start_node, stop_all
 
 KINDS = ("node", "dht", "p2pd")
@@ -113,30 +113,19 @@ def sample_node(node: NodeProc) -> Sample | None:
     return Sample(time.time(), _count_lines(node.run_dir / "metrics.jsonl"), values)
 
 
-class Sampler:
+class Sampler(Periodic):
     """Samples every node's process tree in a thread until ``stop``."""
 
     def __init__(self, nodes: list[NodeProc], period_s: float):
-        self.nodes, self.period_s = nodes, period_s
+        super().__init__(period_s, at_once=True, join_s=30.0)
+        self.nodes = nodes
         self.traces = [NodeTrace() for _ in nodes]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for node, trace in zip(self.nodes, self.traces, strict=True):
-                sample = sample_node(node)
-                if sample is not None:
-                    trace.samples.append(sample)
-            self._stop.wait(self.period_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
+    def tick(self) -> None:
+        for node, trace in zip(self.nodes, self.traces, strict=True):
+            sample = sample_node(node)
+            if sample is not None:
+                trace.samples.append(sample)
 
 
 def slope(xs: list[float], ys: list[float]) -> float:

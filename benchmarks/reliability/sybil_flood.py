@@ -31,10 +31,10 @@ import concurrent.futures
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
+from benchmarks.harness.periodic import Periodic
 from benchmarks.harness.processes import NodeProc, read_jsonl, start_node, stop_all
 from benchmarks.reliability import honest_swarm, sybils
 from benchmarks.reliability.honest_swarm import CONFIG, alive, errors, join_args, peer_id, read_status
@@ -110,28 +110,20 @@ def run_flood(
     return report
 
 
-class RosterWatcher:
+class RosterWatcher(Periodic):
     """Reads the honest nodes' status.json every 0.5 s: when the newcomer first shows in a roster."""
 
     def __init__(self, honest: list[NodeProc], newcomer: NodeProc):
+        super().__init__(0.5)
         self.honest, self.newcomer = honest, newcomer
         self.first_seen: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> RosterWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5) and self.first_seen is None:
-            newcomer = peer_id(self.newcomer)
-            if newcomer and any(newcomer in read_status(node).get("peers", {}) for node in self.honest):
-                self.first_seen = time.time()
+    def tick(self) -> None:
+        if self.first_seen is not None:
+            return
+        newcomer = peer_id(self.newcomer)
+        if newcomer and any(newcomer in read_status(node).get("peers", {}) for node in self.honest):
+            self.first_seen = time.time()
 
 
 def pulled_before_next_round(honest: list[NodeProc], since: float) -> dict:

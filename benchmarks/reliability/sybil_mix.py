@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.harness.periodic import Periodic
 from benchmarks.harness.processes import NodeProc, read_jsonl, stop_all
 from benchmarks.reliability import honest_swarm, sybils
 from benchmarks.reliability.honest_swarm import CONFIG, errors, peer_id, read_status
@@ -104,30 +104,20 @@ def run_mix(
     return report
 
 
-class StandingWatcher:
+class StandingWatcher(Periodic):
     """Reads the honest nodes' status.json every STATUS_EVERY_S: per node, a list of samples (the peers
     holding standing there, the peers in its roster)."""
 
     def __init__(self, honest: list[NodeProc]):
+        super().__init__(STATUS_EVERY_S)
         self.honest = honest
         self.samples: list[list[tuple[frozenset[str], frozenset[str]]]] = [[] for _ in honest]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> StandingWatcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(STATUS_EVERY_S):
-            for node, samples in zip(self.honest, self.samples, strict=True):
-                peers = read_status(node).get("peers", {})
-                standing = frozenset(peer for peer, p in peers.items() if p.get("standing"))
-                samples.append((standing, frozenset(peers)))
+    def tick(self) -> None:
+        for node, samples in zip(self.honest, self.samples, strict=True):
+            peers = read_status(node).get("peers", {})
+            standing = frozenset(peer for peer, p in peers.items() if p.get("standing"))
+            samples.append((standing, frozenset(peers)))
 
 
 def producer_kinds(identities_file: Path, honest_ids: set[str]) -> dict[str, str]:
