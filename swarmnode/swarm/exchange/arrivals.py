@@ -127,11 +127,6 @@ class Arrivals:
                 self._changed.notify_all()
             return len(fresh), self._round
 
-    def pulling(self, author: str) -> None:
-        """A pull of ``author``'s batch started: until it is settled, the pool counts as filled only with
-        groups of producers ranked at least as high (``_over``)."""
-        self.expect({author})
-
     def expect(self, authors: set[str], *, announced: bool = True) -> None:
         """Batches of ``authors`` are to come this exchange (being pulled, or of the authors the pull budget
         keeps its reserve for): until each is settled, the pool counts as filled only with groups of

@@ -140,35 +140,34 @@ class GroupPool:
         scores = {producer: score(producer) for producer in {p.group.provenance.producer for p in candidates}}
         candidates.sort(key=lambda p: -p.arrived_round)  # stable: shuffled order kept within a tier
         turns: Counter[str] = Counter()  # groups of each producer ahead of this one
+        firsts: dict[str, PooledGroup] = {}  # each producer's freshest group
         keyed = []
         for pooled in candidates:
             producer = pooled.group.provenance.producer
             turns[producer] += 1
+            firsts.setdefault(producer, pooled)
             if turns[producer] <= producer_cap(count):
                 quotient = scores[producer] / turns[producer] if scores[producer] > 0 else scores[producer]
                 keyed.append(((-pooled.arrived_round, -quotient, turns[producer]), pooled))
         keyed.sort(key=lambda item: item[0])  # stable: ties at random
         chosen = [pooled for _, pooled in keyed[:count]]
         if ranking is not None and len(chosen) == count:
-            queues: dict[str, list[PooledGroup]] = {}  # producer -> its groups, freshest first
-            for pooled in candidates:
-                queues.setdefault(pooled.group.provenance.producer, []).append(pooled)
-            chosen = _with_newcomer(chosen, queues, ranking)
+            chosen = _with_newcomer(chosen, firsts, ranking)
         chosen_ids = {id(p) for p in chosen}
         self.groups = [p for p in self.groups if id(p) not in chosen_ids and p.group.informative]
         return [p.group for p in chosen]
 
 
 def _with_newcomer(
-    chosen: list[PooledGroup], queues: dict[str, list[PooledGroup]], ranking: Ranking
+    chosen: list[PooledGroup], firsts: dict[str, PooledGroup], ranking: Ranking
 ) -> list[PooledGroup]:
-    """``chosen`` with its last place given to the first of ``ranking.newcomers`` among the producers
-    without standing waiting in ``queues``, if every chosen producer has standing (module docstring)."""
+    """``chosen`` with its last place given to the freshest group of the first of ``ranking.newcomers``
+    among the producers in ``firsts`` without standing, if every chosen producer has standing (module
+    docstring)."""
     if not all(ranking.has_standing(p.group.provenance.producer) for p in chosen):
         return chosen
-    waiting = [producer for producer in queues if not ranking.has_standing(producer)]
-    newcomers = ranking.newcomers(waiting)
+    newcomers = ranking.newcomers(p for p in firsts if not ranking.has_standing(p))
     if not newcomers:
         return chosen
     ranking.grant_newcomer(newcomers[0])
-    return chosen[:-1] + [queues[newcomers[0]][0]]
+    return chosen[:-1] + [firsts[newcomers[0]]]

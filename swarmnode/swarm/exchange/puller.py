@@ -271,9 +271,9 @@ class Puller:
                 self._tried.add(pending.author)
             self._in_flight[standing] += 1
             self._authors_pulling.add(pending.author)
-            self.arrivals.pulling(pending.author)
+            self.arrivals.expect({pending.author})  # the round waits for it (Arrivals: filled)
             self._workers[standing].submit(self._pull, key, pending.announcement, holder, standing)
-        self._tell_if_done()
+        self._tell_if_done(tops)
 
     def _awaits_offer(self, pending: Pending, now: float) -> bool:
         """Behind NAT, whether a batch whose holders all failed still waits for a reachable peer's offer
@@ -284,9 +284,9 @@ class Puller:
             pending.holders_failed_at = now
         return now < pending.holders_failed_at + HOLDER_WAIT_S
 
-    def _tell_if_done(self) -> None:
+    def _tell_if_done(self, tops: set[str]) -> None:
         """Once the budget is spent and its last pull has ended, the round need not wait for more."""
-        tops_waiting = self._tops_waiting(self._top_authors())
+        tops_waiting = self._tops_waiting(tops)
         if not self.budget.round_spent(tops_pending=bool(tops_waiting)) or self._in_flight[True]:
             return
         if any(p.pulling or p.attempts for p in self.pending.values() if self.book.has_standing(p.author)):

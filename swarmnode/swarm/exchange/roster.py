@@ -160,11 +160,11 @@ class Roster:
         standing = self.book.has_standing(peer)
         full = len(self._probation) >= self.probation_cards
         if not standing and full or len(self.cards) >= self.view_size:
-            if self._probation and (standing or full or not self._quiet_members()):
+            quiet = [] if standing or full else [p for p in self._members_with_standing() if self._quiet(p)]
+            if self._probation and (standing or full or not quiet):
                 # the oldest probation card of the most crowded origin makes room (exchange/standing.py)
                 self._remove(max(self._probation, key=self.book.crowding))
             elif not standing:  # members with standing hold more than their share: one gone quiet gives way
-                quiet = self._quiet_members()
                 if not quiet:  # never one heard from within a card lifetime: no eclipse by probation churn
                     self.refused["roster_full"] += 1
                     return False
@@ -181,9 +181,6 @@ class Roster:
 
     def _members_with_standing(self) -> list[str]:
         return [p for p in self.cards if p not in self._probation]
-
-    def _quiet_members(self) -> list[str]:
-        return [p for p in self._members_with_standing() if self._quiet(p)]
 
     def _quiet(self, peer: str) -> bool:
         """Not heard from here (a new card or announcement, by this node's clock) within a card lifetime."""

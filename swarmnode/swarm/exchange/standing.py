@@ -162,7 +162,7 @@ class Scores:
         self._granted: dict[str | None, int] = {}  # origin -> the round of its last newcomer's place
 
     def new(self, now: float) -> PeerScore:
-        self._tracked[None] += 1
+        _add(self._tracked, None, 1)
         return PeerScore(age=self._age(now))
 
     def tick_round(self, now: float) -> None:
@@ -202,7 +202,8 @@ class Scores:
     def set_origin(self, peer_id: str, parts: PeerScore, origin: str | None, now: float) -> None:
         """``origin``, unless None (it says nothing: a known origin stays)."""
         if origin is not None and origin != parts.origin:
-            self._move(parts.origin, origin)
+            _add(self._tracked, parts.origin, -1)
+            _add(self._tracked, origin, 1)
             parts.origin = origin
             self._settle(peer_id, parts, now)
 
@@ -220,7 +221,7 @@ class Scores:
     def drop(self, peer_id: str, parts: PeerScore) -> None:
         """``peer_id`` is no longer tracked: it leaves every count."""
         self.forget(peer_id)
-        self._move(parts.origin, None, add=False)
+        _add(self._tracked, parts.origin, -1)
 
     def forget(self, peer_id: str) -> None:
         """``peer_id`` leaves the colocation counts."""
@@ -228,14 +229,6 @@ class Scores:
         if parts is not None:
             self._count(parts.counted, -1)
             parts.counted = None
-
-    def _move(self, old: str | None, new: str | None, *, add: bool = True) -> None:
-        """One identity tracked less under ``old`` (and, with ``add``, more under ``new``)."""
-        self._tracked[old] -= 1
-        if self._tracked[old] <= 0:
-            del self._tracked[old]
-        if add:
-            self._tracked[new] += 1
 
     def _age(self, now: float) -> float:
         """Half-lives passed since the book started, by rounds and by local time (module docstring)."""
@@ -264,11 +257,15 @@ class Scores:
             self._count(counted, 1)
 
     def _count(self, origin: str | None, delta: int) -> None:
-        if origin is None:
-            return
-        self._per_origin[origin] += delta
-        if self._per_origin[origin] <= 0:
-            del self._per_origin[origin]
+        if origin is not None:
+            _add(self._per_origin, origin, delta)
+
+
+def _add(counts: Counter, key: str | None, delta: int) -> None:
+    """``counts[key] += delta``, the key gone at zero (the counts stay as small as what they count)."""
+    counts[key] += delta
+    if counts[key] <= 0:
+        del counts[key]
 
 
 def _decayed(value: float, factor: float) -> float:
