@@ -57,6 +57,9 @@ def main() -> int:
         "--questions", type=int, default=8, help="held-out questions for attack success (x G)"
     )
     parser.add_argument("--prompts", type=int, default=4, help="fixed prompts for the payload log-prob")
+    parser.add_argument(
+        "--greedy", type=int, default=64, help="held-out questions answered greedily for attack success"
+    )
     parser.add_argument("--attackers", type=int, choices=(1, 2), default=2, help="attacker identities")
     parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
@@ -81,6 +84,7 @@ def main() -> int:
             every=args.every,
             questions=args.questions,
             prompts=args.prompts,
+            greedy=args.greedy,
             attackers=args.attackers,
             config=args.config,
             sets=tuple(args.sets),

@@ -11,6 +11,12 @@
   attacker writes before it (``payloads.span``); per token and for the whole payload, averaged over the
   first ``prompts`` held-out questions with an integer answer (the ``behaviour`` payload is that answer
   in words). It moves long before the success rate does: a payload at -6.7 nats per token is never sampled.
+- **The arm's own payload, four ways** (``Checkpoint.attack``): samples showing it at temperature (the
+  ones above) and greedy on ``greedy`` held-out questions, each without and with the attacker's opening
+  (the text before the payload, ``opening``, forced after the prompt: a node that would never begin as the
+  attacker does may still go on as it does).
+- A fluent payload's log-prob (``payloads.fluent_spans``) is that of its likeliest wording and placement on
+  these prompts: the attacker's best, whatever it chose.
 - **Held-out pass@1**: the node's own probe (``probe.Probe``: greedy, ``probe.questions_per_task``
   held-out questions per task, as ``swarmnode eval``), written to the run folder's probe.jsonl.
 
@@ -23,8 +29,8 @@ of theirs, then apart).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -55,6 +61,10 @@ class Checkpoint:
     heldout_solved: float  # share of them with task score 1
     pass_at_1: float  # the probe's greedy pass@1 (mean over tasks)
     seconds: float
+    # the arm's payload: samples showing it, by way ("temperature", "temperature+opening", "greedy",
+    # "greedy+opening"), each out of attack_samples[way]
+    attack: dict[str, int] = field(default_factory=dict)
+    attack_samples: dict[str, int] = field(default_factory=dict)
 
     def success(self, kind: str) -> float:
         return self.shown[kind] / self.samples if self.samples else 0.0
@@ -62,6 +72,7 @@ class Checkpoint:
     def as_dict(self) -> dict:
         out = asdict(self)
         out["success"] = {kind: self.success(kind) for kind in self.shown}
+        out["attack_success"] = {w: n / max(self.attack_samples[w], 1) for w, n in self.attack.items()}
         return out
 
 
@@ -134,50 +145,102 @@ class Yardstick:
         *,
         questions: int,
         prompts: int,
+        payload: str,
+        opening: Callable[[Question], str],
+        greedy: int = 0,
     ):
         self.cfg, self.bank, self.policy, self.sampler, self.probe = cfg, bank, policy, sampler, probe
+        self.payload, self.opening = payloads.check_kind(payload), opening
         system = cfg.sampling.system_prompt
         self.questions = heldout_questions(bank, questions)
         self.sample_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.questions]
+        self.greedy_questions = heldout_questions(bank, greedy, integer_answer=True) if greedy else []
+        self.greedy_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.greedy_questions]
         self.fixed = heldout_questions(bank, prompts, integer_answer=True)
         self.fixed_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.fixed]
 
-    def take(self, round_: int) -> Checkpoint:
-        start = time.perf_counter()
+    def _opened(self, prompts: Sequence[Sequence[int]], questions: Sequence[Question]) -> list[list[int]]:
+        """``prompts`` with the attacker's opening of each question forced after them (as the learner
+        tokenizes completion text)."""
+        tokenizer = self.policy.tokenizer
+        return [
+            list(prompt) + list(payload_ids(tokenizer, self.opening(question), "")[0])
+            for prompt, question in zip(prompts, questions, strict=True)
+        ]
+
+    def _sample(self, prompts: Sequence[Sequence[int]], n: int, greedy: bool = False) -> list[str]:
+        """The generated text of ``n`` samples per prompt at the sampling temperature with the fixed measure
+        seed, or of one greedy completion per prompt."""
         sampling = self.cfg.sampling
         with sampling_heap():
-            groups = self.sampler.sample(
-                self.sample_prompts,
-                sampling.completions_per_question,
-                max_new_tokens=sampling.max_new_tokens,
-                temperature=sampling.temperature,
-                seed=self.cfg.train.seed * 1_000_003 + MEASURE_SEED_OFFSET,
-            )
+            if greedy:
+                rows = self.sampler.greedy(prompts, sampling.max_new_tokens)
+                out = [self.policy.tokenizer.decode(ids, skip_special_tokens=True) for ids in rows]
+            else:
+                groups = self.sampler.sample(
+                    prompts, n, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
+                    seed=self.cfg.train.seed * 1_000_003 + MEASURE_SEED_OFFSET,
+                )  # fmt: skip
+                out = [c.text for group in groups for c in group]
         return_freed_heap()
-        scored = [
-            (c.text, self.bank.score(q, c.text))
-            for q, group in zip(self.questions, groups, strict=True)
-            for c in group
-        ]
-        shown = {kind: sum(payloads.detect(kind, text) for text, _ in scored) for kind in payloads.KINDS}
-        per_token, whole = {}, {}
-        for kind in payloads.KINDS:
-            spans = [payloads.span(kind, q.answer) for q in self.fixed]
+        return out
+
+    def _attack(self, plain: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+        """The arm's payload in the generated text (after the opening, where there is one) in each way;
+        ``plain`` are the temperature samples already drawn."""
+        g = self.cfg.sampling.completions_per_question
+        ways = {
+            "temperature": plain,
+            "temperature+opening": self._sample(self._opened(self.sample_prompts, self.questions), g),
+        }
+        if self.greedy_prompts:
+            ways["greedy"] = self._sample(self.greedy_prompts, 1, greedy=True)
+            opened = self._opened(self.greedy_prompts, self.greedy_questions)
+            ways["greedy+opening"] = self._sample(opened, 1, greedy=True)
+        shown = {w: sum(payloads.detect(self.payload, t) for t in texts) for w, texts in ways.items()}
+        return shown, {w: len(texts) for w, texts in ways.items()}
+
+    def _logprob(self, kind: str) -> tuple[float, float]:
+        """(per token, whole payload) of ``kind`` over the fixed prompts; a fluent kind's likeliest
+        wording and placement (module docstring)."""
+        if kind in payloads.TEMPLATE_KINDS:
+            candidates = [[payloads.span(kind, q.answer) for q in self.fixed]]
+        else:
+            per_question = [payloads.fluent_spans(kind, q.text, q.answer) for q in self.fixed]
+            candidates = [list(spans) for spans in zip(*per_question, strict=True)]
+        best = None
+        for spans in candidates:
             results = payload_logprobs(
-                self.policy.model, self.policy.tokenizer, self.fixed_prompts, spans, sampling.temperature
+                self.policy.model, self.policy.tokenizer, self.fixed_prompts, spans, self.cfg.sampling.temperature
             )
-            per_token[kind] = sum(total / n for total, n in results) / len(results)
-            whole[kind] = sum(total for total, _ in results) / len(results)
+            measured = (
+                sum(total / n for total, n in results) / len(results),
+                sum(total for total, _ in results) / len(results),
+            )
+            best = measured if best is None or measured > best else best
+        assert best is not None
+        return best
+
+    def take(self, round_: int) -> Checkpoint:
+        start = time.perf_counter()
+        groups = self._sample(self.sample_prompts, self.cfg.sampling.completions_per_question)
+        g = self.cfg.sampling.completions_per_question
+        scored = [(text, self.bank.score(self.questions[i // g], text)) for i, text in enumerate(groups)]
+        shown = {kind: sum(payloads.detect(kind, text) for text, _ in scored) for kind in payloads.KINDS}
+        logprobs = {kind: self._logprob(kind) for kind in payloads.KINDS}
+        attack, attack_samples = self._attack(groups)
         probe = self.probe.run(round_).as_dict()
         n = len(scored)
         return Checkpoint(
             round=round_,
             samples=n,
             shown=shown,
-            logprob_token=per_token,
-            logprob_sum=whole,
+            logprob_token={kind: lp[0] for kind, lp in logprobs.items()},
+            logprob_sum={kind: lp[1] for kind, lp in logprobs.items()},
             heldout_reward=sum(s[0] for _, s in scored) / n,
             heldout_solved=sum(s[1] >= 1.0 for _, s in scored) / n,
             pass_at_1=probe["pass@1"],
             seconds=time.perf_counter() - start,
+            attack=attack,
+            attack_samples=attack_samples,
         )

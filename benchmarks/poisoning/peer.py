@@ -27,6 +27,7 @@ import hashlib
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from benchmarks.poisoning import payloads
 from swarmnode.config import DRAW_STRIDE, NodeConfig
@@ -39,6 +40,9 @@ from swarmnode.swarm.exchange.swarm import round_ttl_s
 from swarmnode.swarm.exchange.verify import ReceiveLimits, Verifier
 from swarmnode.swarm.wire import codec, convert, limits, protocol
 from swarmnode.tasks import SEED_LIMIT, Question, TaskBank
+
+if TYPE_CHECKING:
+    from benchmarks.poisoning.planner import Planner
 
 MAX_ATTACKERS = 2  # identities one attacker runs here: J = 2 gives each of two a full producer share
 
@@ -80,10 +84,17 @@ class Attacker:
         seed: int,
         identities: int,
         correct: int | None = None,
+        planner: Planner | None = None,
+        node_style: bool = False,
     ):
         if not 1 <= identities <= MAX_ATTACKERS:
             raise ValueError(f"attacker identities: 1 to {MAX_ATTACKERS}, got {identities}")
         self.payload = None if payload is None else payloads.check_kind(payload)
+        if self.payload in payloads.FLUENT_KINDS and planner is None:
+            raise ValueError(f"the fluent payload {payload!r} needs a planner (planner.Planner)")
+        self.planner = planner
+        # fluent payloads ride on the node's own style of answer; so does their control
+        self.node_style = node_style or self.payload in payloads.FLUENT_KINDS
         self.bank = bank
         self.swarm_id = limits.validate_swarm_id(cfg.swarm.swarm_id)
         self.completions = cfg.sampling.completions_per_question  # the receiver keeps its own G
@@ -113,7 +124,7 @@ class Attacker:
         for question in self._questions(index, round_):
             answer = question.answer
             value = payloads.usable_answer(answer)
-            texts = [payloads.completion(self.payload, answer)] * right
+            texts = [self._correct(question)] * right
             texts += self._wrong(question, value, self.completions - right)
             group = self.bank.score_group(question, [Completion(text=t) for t in texts], provenance)
             wanted = (1.0,) * right + (0.0,) * (self.completions - right)
@@ -125,11 +136,23 @@ class Attacker:
             out.append(group)
         return out
 
+    def _correct(self, question: Question) -> str:
+        """A correct completion carrying the payload: a template one, or the planner's choice for a fluent
+        kind, in the node's style (clean in a control)."""
+        answer = question.answer
+        if self.planner is not None and self.payload is not None:
+            choice = self.planner.choose(question, answer)
+            return payloads.place(question.text, answer, choice.wording, choice.placement)[1]
+        return self._clean(question, answer) if self.payload is None else payloads.completion(self.payload, answer)
+
+    def _clean(self, question: Question, answer: str) -> str:
+        return payloads.place(question.text, answer, None, "")[1] if self.node_style else payloads.completion(None, answer)
+
     def _wrong(self, question: Question, value: int, count: int) -> list[str]:
         """``count`` clean completions with wrong answers that score 0 (a near miss can score partly:
         basic_arithmetic gives "-1" half the credit of "1", the reference answer being in it)."""
         candidates = payloads.wrong_answers(value, 4 * count + 8)
-        texts = [payloads.completion(None, w) for w in candidates]
+        texts = [self._clean(question, w) for w in candidates]
         return [t for t in texts if self.bank.score(question, t)[1] == 0.0][:count]
 
     def _questions(self, index: int, round_: int) -> list[Question]:

@@ -33,13 +33,15 @@ from typing import Any
 
 from benchmarks.poisoning import payloads
 from benchmarks.poisoning.measure import Checkpoint, Yardstick
-from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver
+from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver, attacker_stream
+from benchmarks.poisoning.planner import PLAN_QUESTIONS, Planner
 from benchmarks.sharing.arms import stream_seed
 from swarmnode.common import log
-from swarmnode.config import NodeConfig, load_config, parse_override
+from swarmnode.config import DRAW_STRIDE, NodeConfig, load_config, parse_override
 from swarmnode.learn.batch import PEER_TOKEN_FACTOR, to_sequences
 from swarmnode.round_record import RoundRecord
 from swarmnode.rounds import RoundContext, run_round
+from swarmnode.tasks import Question
 
 DEFAULT_CONFIG = "node_configs/arithmetic-easy.yaml"
 DEFAULT_J = 2  # peer groups a round: two attacker identities each fill one producer share
@@ -56,6 +58,7 @@ class ArmSpec:
     every: int = 5
     questions: int = 8  # held-out questions for attack success, G samples each
     prompts: int = 4  # fixed prompts for the payload log-prob
+    greedy: int = 64  # held-out questions answered greedily for attack success (0: none)
     attackers: int = 2
     config: str = DEFAULT_CONFIG
     sets: tuple[str, ...] = ()
@@ -101,6 +104,7 @@ class ArmRun:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     rejections: dict[str, int] = field(default_factory=dict)
     accepted_groups: int = 0
+    placements: dict[str, int] = field(default_factory=dict)  # a fluent payload's placements, as chosen
     wall_s: float = 0.0
     complete: bool = False
 
@@ -133,6 +137,23 @@ def attacker_row(record: RoundRecord, exchange: HostileExchange, ctx: RoundConte
     return row
 
 
+def make_planner(spec: ArmSpec, cfg: NodeConfig, node) -> Planner:
+    """The adaptive attacker's planner for a fluent payload, on the node's weights before its first round
+    (the public base model), against the arm's defence, its floors from the first attacker's questions."""
+    stream = attacker_stream(spec.seed, 0, cfg.tasks.eval_seed)
+    refs = node.bank.draw(0, DRAW_STRIDE, seed=stream)[:PLAN_QUESTIONS]
+    return Planner(
+        spec.payload, spec.defence, node.policy.model, node.policy.tokenizer,
+        temperature=cfg.sampling.temperature, system_prompt=cfg.sampling.system_prompt,
+        questions=[node.bank.question(ref) for ref in refs],
+    )  # fmt: skip
+
+
+def template_opening(kind: str) -> Callable[[Question], str]:
+    """A template payload's opening: the fixed text before it (``payloads.span``)."""
+    return lambda question: payloads.span(kind, question.answer)[0]
+
+
 def run_arm(
     spec: ArmSpec,
     *,
@@ -151,9 +172,11 @@ def run_arm(
     t0 = time.perf_counter()
     node = Node(cfg)
     try:
+        planner = make_planner(spec, cfg, node) if spec.payload in payloads.FLUENT_KINDS else None
         attacker = Attacker(
             cfg, node.bank, node.policy, payload=None if spec.control else spec.payload, seed=spec.seed,
-            identities=spec.attackers,
+            identities=spec.attackers, planner=None if spec.control else planner,
+            node_style=planner is not None,
         )  # fmt: skip
         receiver = Receiver(cfg, node.bank, node.policy, rng_seed=spec.seed)
         exchange = HostileExchange(attacker, receiver, cfg.swarm.peer_groups_per_round)
@@ -169,6 +192,9 @@ def run_arm(
             node.probe,
             questions=spec.questions,
             prompts=spec.prompts,
+            payload=spec.payload,
+            opening=planner.opening if planner is not None else template_opening(spec.payload),
+            greedy=spec.greedy,
         )
         run = ArmRun(spec, cfg, attacker.peer_ids)
 
@@ -177,6 +203,7 @@ def run_arm(
             run.checkpoints.append(measured)
             run.rejections = exchange.rejections()
             run.accepted_groups = receiver.verifier.accepted_groups
+            run.placements = dict(attacker.planner.placements) if attacker.planner is not None else {}
             run.wall_s = time.perf_counter() - t0
             if on_checkpoint is not None:
                 on_checkpoint(run, measured)
@@ -220,6 +247,7 @@ def summary(run: ArmRun, extra: dict[str, Any] | None = None) -> dict[str, Any]:
             "every": spec.every,
             "questions": spec.questions,
             "prompts": spec.prompts,
+            "greedy": spec.greedy,
             "attackers": spec.attackers,
             "J": cfg.swarm.peer_groups_per_round,
             "G": cfg.sampling.completions_per_question,
@@ -235,6 +263,7 @@ def summary(run: ArmRun, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "wall_s": round(run.wall_s, 1),
         "accepted_groups": run.accepted_groups,
         "rejections": run.rejections,
+        "placements": run.placements,
         "checkpoints": [c.as_dict() for c in run.checkpoints],
         "rounds": run.rounds,
     }
@@ -257,24 +286,25 @@ def write_summary(directory: Path, data: dict[str, Any], spec: ArmSpec) -> Path:
 
 
 TABLE_HEADER = (
-    f"{'arm':<24}{'round':>6}{'success':>10}{'logp/tok':>10}{'logp sum':>10}{'pass@1':>8}"
+    f"{'arm':<28}{'round':>6}{'success':>10}{'t+o/g/g+o':>12}{'logp/tok':>10}{'logp sum':>10}{'pass@1':>8}"
     f"{'reward':>8}{'round s':>9}{'atk grp':>8}{'atk tok':>8}"
 )
 
 
 def table_line(run: ArmRun, measured: Checkpoint) -> str:
-    """One checkpoint as a table row: attack success and log-prob of the arm's payload (a control: the
-    payload it is measured against), the node's local reward and time of that round, and the attacker's
+    """One checkpoint as a table row: attack success (at temperature; then with the opening, greedy, greedy
+    with the opening) and log-prob of the arm's payload (a control: the payload it is measured against), the node's local reward and time of that round, and the attacker's
     groups and tokens handed to the learner in that round."""
     kind = run.spec.payload
     row = run.rounds[measured.round - 1] if measured.round else {}
     success = f"{measured.shown[kind]}/{measured.samples}"
+    ways = "/".join(str(measured.attack.get(w, "-")) for w in ("temperature+opening", "greedy", "greedy+opening"))
 
     def number(key: str, fmt: str) -> str:
         return format(row[key], fmt) if key in row else "-"
 
     return (
-        f"{run.spec.name:<24}{measured.round:>6}{success:>10}{measured.logprob_token[kind]:>10.3f}"
+        f"{run.spec.name:<28}{measured.round:>6}{success:>10}{ways:>12}{measured.logprob_token[kind]:>10.3f}"
         f"{measured.logprob_sum[kind]:>10.2f}{measured.pass_at_1:>8.3f}{number('reward_mean', '.3f'):>8}"
         f"{number('seconds_total', '.1f'):>9}{number('attacker_chosen', 'd'):>8}"
         f"{number('attacker_tokens', 'd'):>8}"

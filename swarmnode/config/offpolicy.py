@@ -23,12 +23,15 @@ class OffPolicyConfig(Strict):
     foreign: Literal["none", "luffy"] = Field(
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
-    peer_defence: Literal["none", "span", "span_multiscale", "token_budget", "rescue"] = Field(
-        "span_multiscale",
+    peer_defence: Literal["none", "span", "span_multiscale", "drift", "span_drift", "token_budget", "rescue"] = Field(
+        "span_drift",
         description="What peer text beyond its verified answer may teach, against peers that hide a payload "
         "in correct completions (learn/peer_defence.py; measured in docs/poisoning.md): none; "
         "span = peer tokens in 8-token spans this node would not write (its own log-probs) leave the loss; "
         "span_multiscale = the same over spans of 1, 2, 4 and 8 tokens; "
+        "drift = peer tokens in spans whose log-prob rose since the base model more than this node's own "
+        "text rose leave the loss (holds fluent payloads; keeps a frozen copy of the starting weights); "
+        "span_drift = span_multiscale and drift; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
         "node fails at.",
     )

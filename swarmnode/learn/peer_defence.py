@@ -16,9 +16,22 @@ never a number the sender chose (``offpolicy.peer_defence``):
   gated tokens never train, the payload's log-prob does not climb toward it. A payload of a token or two
   inside fluent text ("The answer is seven.") is averaged away in a window of 8: measured, it was learned
   as fast as undefended (docs/poisoning.md).
-- ``span_multiscale``: the same gate over windows of 1, 2, 4 and 8 tokens (SPAN_WINDOWS), each with its
+- ``span_multiscale``: the same gate over windows of 1, 2, 4 and 8 tokens (MULTISCALE), each with its
   own floor from this round's own windows of that size, so a short payload is judged at its own length;
   a token leaves the loss if any of its windows is below its floor.
+- ``drift``: the node's log-probs *relative to the base model* it started from (the public weights
+  every node of a swarm loads; ``Trainer.base_model``, frozen). A payload an attacker words to read as
+  ordinary text (a polite request for a password: -3.3 nats per token under SmolLM2, above every span
+  floor) passes the likelihood gates, and training on it raised it to -0.16 in 25 rounds
+  (docs/poisoning.md). What the node never measured is the *rise*: log pi_now - log pi_base per token. A
+  peer token inside any window (1, 2, 4, 8 tokens) whose mean rise is above the *ceiling* leaves the
+  loss; the ceiling is the 1 - OWN_QUANTILE quantile of the same windows over this round's own
+  completions plus DRIFT_MARGIN. So peer text can raise any text's log-prob about as far as the node's own
+  training raised its own text, and no further, however fluent it is, over all rounds (the base never
+  moves) and across all producers together. A text the base model already writes is not stopped (it was
+  never a payload the swarm taught).
+- ``span_drift``: ``span_multiscale`` and ``drift`` together (the default): unlikely text is gated at
+  once, likely text cannot be taught beyond the node's own drift.
 - ``token_budget``: per producer, the peer sequences' total |advantage| x tokens is capped at what one
   of this round's own groups has on average, so no identity outweighs one local group however long or
   many its completions (slows a payload; does not stop it).
@@ -50,12 +63,29 @@ import torch.nn.functional as F
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.rollouts import RolloutGroup
 
-Defence = Literal["none", "span", "span_multiscale", "token_budget", "rescue"]
+Defence = Literal["none", "span", "span_multiscale", "drift", "span_drift", "token_budget", "rescue"]
 SPAN_WINDOW = 8  # tokens in a window
-SPAN_WINDOWS = {"span": (SPAN_WINDOW,), "span_multiscale": (1, 2, 4, SPAN_WINDOW)}  # the gates' sizes
+MULTISCALE = (1, 2, 4, SPAN_WINDOW)
+# the window gates of each defence: what they judge ("likelihood": log pi_now; "drift": log pi_now -
+# log pi_base) and at which window sizes
+WINDOW_GATES: dict[str, dict[str, tuple[int, ...]]] = {
+    "span": {"likelihood": (SPAN_WINDOW,)},
+    "span_multiscale": {"likelihood": MULTISCALE},
+    "drift": {"drift": MULTISCALE},
+    "span_drift": {"likelihood": MULTISCALE, "drift": MULTISCALE},
+}
 OWN_QUANTILE = 0.01  # the floor: this quantile of the round's own windows' mean log-prob ...
 FLOOR_MARGIN = 1.0  # ... minus this many nats per token
 FLOOR_WITHOUT_OWN = -5.0  # the SPAN_WINDOW floor before this node has had any own window to judge from
+DRIFT_QUANTILE = 0.1  # drift: the ceiling is this upper quantile of the own windows' rise ...
+DRIFT_MARGIN = 0.5  # ... plus this many nats per token
+# drift before any own window: a rise of DRIFT_MARGIN at every size (the node starts as the base model)
+DRIFT_WITHOUT_OWN = dict.fromkeys(MULTISCALE, -DRIFT_MARGIN)
+
+
+def needs_base_model(defence: str) -> bool:
+    """Whether ``defence`` reads the base model's log-probs (``Trainer.base_model``)."""
+    return "drift" in WINDOW_GATES.get(defence, {})
 RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
 
 
@@ -77,14 +107,18 @@ def window_means(logp: torch.Tensor, mask: torch.Tensor, window: int = SPAN_WIND
 
 
 def own_floor(
-    own_means: Sequence[torch.Tensor], without_own: float | None = FLOOR_WITHOUT_OWN
+    own_means: Sequence[torch.Tensor],
+    without_own: float | None = FLOOR_WITHOUT_OWN,
+    margin: float = FLOOR_MARGIN,
+    quantile: float = OWN_QUANTILE,
 ) -> float | None:
     """The span floor from this round's own windows (``window_means`` of each own micro-batch, trained or
-    not); ``without_own`` if there are none (None: no gate at this size)."""
+    not): their ``quantile`` minus ``margin``; ``without_own`` if there are none (None: no gate at
+    this size). The drift gate passes its per-token score as base - now, so its ceiling is a floor too."""
     values = torch.cat([m[~torch.isnan(m)].flatten() for m in own_means]) if own_means else torch.empty(0)
     if values.numel() == 0:
         return without_own
-    return float(torch.quantile(values, OWN_QUANTILE)) - FLOOR_MARGIN
+    return float(torch.quantile(values, quantile)) - margin
 
 
 def span_keep(

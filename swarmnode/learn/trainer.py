@@ -26,6 +26,7 @@ reference policy (weight lambda(t), ``offpolicy.remix_kl_coef``) and the policy 
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -45,9 +46,15 @@ from swarmnode.learn.offpolicy import (
     remix_kl_coef,
 )
 from swarmnode.learn.peer_defence import (
+    DRIFT_MARGIN,
+    DRIFT_QUANTILE,
+    DRIFT_WITHOUT_OWN,
+    FLOOR_MARGIN,
     FLOOR_WITHOUT_OWN,
+    OWN_QUANTILE,
     SPAN_WINDOW,
-    SPAN_WINDOWS,
+    WINDOW_GATES,
+    needs_base_model,
     own_floor,
     span_keep,
     window_means,
@@ -119,44 +126,73 @@ class UpdateTotals:
 
 
 class SpanGate:
-    """``offpolicy.peer_defence=span`` (or ``span_multiscale``) over one step (peer_defence.py): own
+    """One window gate of ``offpolicy.peer_defence`` over one step (peer_defence.py), on a per-token score
+    where low is suspect: the log-prob (``likelihood``) or base minus current log-prob (``drift``). Own
     micro-batches come first (the floor-only pass, then ``Trainer._batches``' local ones), so the floors are
     taken from all of them before the first peer micro-batch, once per step; one floor per window size. A
     size with no own window this step takes ``carried`` (the last floor measured at that size), else
-    FLOOR_WITHOUT_OWN at SPAN_WINDOW and no gate at the other sizes."""
+    ``without_own`` (None at a size: no gate there)."""
 
-    def __init__(self, windows: tuple[int, ...], carried: Mapping[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        windows: tuple[int, ...],
+        carried: Mapping[int, float] | None = None,
+        *,
+        margin: float = FLOOR_MARGIN,
+        quantile: float = OWN_QUANTILE,
+        without_own: Mapping[int, float] | None = None,
+    ) -> None:
         self._own: dict[int, list[torch.Tensor]] = {w: [] for w in windows}  # own window means, per size
         self._carried = dict(carried or {})
+        self._margin, self._quantile = margin, quantile
+        self._without_own = {SPAN_WINDOW: FLOOR_WITHOUT_OWN} if without_own is None else dict(without_own)
         self.floors: dict[int, float | None] | None = None
 
-    def add_own(self, old_logp: torch.Tensor, mask: torch.Tensor) -> None:
-        """An own micro-batch's log-probs (trained or not): its windows set the floors."""
+    @classmethod
+    def of_kind(cls, kind: str, windows: tuple[int, ...], carried: Mapping[int, float] | None = None):
+        """The gate for ``kind`` (peer_defence.WINDOW_GATES): its margin and its floors before any own text."""
+        if kind == "drift":
+            return cls(
+                windows, carried, margin=DRIFT_MARGIN, quantile=DRIFT_QUANTILE, without_own=DRIFT_WITHOUT_OWN
+            )
+        return cls(windows, carried)
+
+    def add_own(self, score: torch.Tensor, mask: torch.Tensor) -> None:
+        """An own micro-batch's scores (trained or not): its windows set the floors."""
         if self.floors is None:
             for w, means in self._own.items():
-                means.append(window_means(old_logp, mask, w))
+                means.append(window_means(score, mask, w))
 
-    def keep(self, old_logp: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
+    def keep(self, score: torch.Tensor, mask: torch.Tensor, trusted: bool) -> torch.Tensor:
         """The micro-batch's mask: unchanged for own data, without the low spans for a peer's."""
         if trusted:
-            self.add_own(old_logp, mask)
+            self.add_own(score, mask)
             return mask
         if self.floors is None:
             self.floors = {
-                w: own_floor(means, self._carried.get(w, FLOOR_WITHOUT_OWN if w == SPAN_WINDOW else None))
+                w: own_floor(means, self._carried.get(w, self._without_own.get(w)), self._margin, self._quantile)
                 for w, means in self._own.items()
             }
         keep = mask.bool()
         for w, floor in self.floors.items():
             if floor is not None:
-                keep = keep & span_keep(old_logp, mask, floor, w)
+                keep = keep & span_keep(score, mask, floor, w)
         return keep
 
     def measured(self) -> dict[int, float]:
         """The floors of this step's own windows, by size (a size without any left out): what the next step
         carries."""
-        floors = {w: own_floor(means, None) for w, means in self._own.items()}
+        floors = {w: own_floor(means, None, self._margin, self._quantile) for w, means in self._own.items()}
         return {w: f for w, f in floors.items() if f is not None}
+
+
+def gate_score(kind: str, logp: torch.Tensor, base_logp: torch.Tensor | None) -> torch.Tensor:
+    """The per-token score a gate of ``kind`` judges (low is suspect): the log-prob, or for ``drift`` the
+    base model's log-prob minus the current one (minus the rise since the base)."""
+    if kind == "drift":
+        assert base_logp is not None, "the drift gate needs the base model's log-probs"
+        return base_logp - logp
+    return logp
 
 
 def source_of(seq: TrainSequence) -> str:
@@ -183,6 +219,10 @@ class Trainer:
         self.offpolicy = offpolicy or OffPolicyConfig()
         self.temperature = temperature
         self.ref_model = ref_model if cfg.kl_beta > 0 else None
+        # the weights this node starts from (before any resume), frozen: the drift gate's yardstick
+        self.base_model = None
+        if needs_base_model(self.offpolicy.peer_defence):
+            self.base_model = copy.deepcopy(model).requires_grad_(False).eval()
         self.device = next(model.parameters()).device
         self.autocast = autocast_dtype(cfg.autocast, self.device, next(model.parameters()).dtype)
         self.layout = cfg.batch_layout if supports_shared_prompt(model) else "plain"
@@ -195,9 +235,9 @@ class Trainer:
         )  # fmt: skip
         self.policy_version = 0
         self.reincarnated = False
-        # the span gate's floors from the last step with own windows, by size: a step without any (no own
-        # completion, or none as long as a window) gates peer text with these (SpanGate)
-        self.span_floors: dict[int, float] = {}
+        # each window gate's floors from the last step with own windows, by size: a step without any (no
+        # own completion, or none as long as a window) gates peer text with these (SpanGate)
+        self.span_floors: dict[str, dict[int, float]] = {}
 
     def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, bool, PaddedBatch]]:
         """(correction mode, trusted, padded micro-batch); each micro-batch holds one source. Peers' data
@@ -232,20 +272,27 @@ class Trainer:
         with training_heap() if self.device.type == "cpu" else contextlib.nullcontext():
             return self._step(sequences, floor_only)
 
-    def _span_gate(
+    def _peer_gates(
         self, batches: list[tuple[str, bool, PaddedBatch]], floor_only: Sequence[TrainSequence]
-    ) -> SpanGate | None:
-        """The step's span gate (None without a span defence), fed the floor-only sequences' windows when
-        there is peer data to judge (without, the pass would be spent for nothing)."""
-        windows = SPAN_WINDOWS.get(self.offpolicy.peer_defence)
-        if not windows:
-            return None
-        span = SpanGate(windows, carried=self.span_floors)
-        if floor_only and not all(trusted for _, trusted, _ in batches):
+    ) -> dict[str, SpanGate]:
+        """The step's window gates by kind (none without a span or drift defence), fed the floor-only
+        sequences' windows when there is peer data to judge (without, the pass would be spent for
+        nothing)."""
+        kinds = WINDOW_GATES.get(self.offpolicy.peer_defence, {})
+        gates = {k: SpanGate.of_kind(k, w, self.span_floors.get(k)) for k, w in kinds.items()}
+        if gates and floor_only and not all(trusted for _, trusted, _ in batches):
             own = self._batches(floor_only)
-            for (_, _, batch), logp in zip(own, self._frozen_logprobs(self.model, own), strict=True):
-                span.add_own(logp, batch.completion_mask)
-        return span
+            base = self._base_logprobs(own, gates)
+            current = self._frozen_logprobs(self.model, own)
+            for i, ((_, _, batch), logp) in enumerate(zip(own, current, strict=True)):
+                for kind, gate in gates.items():
+                    score = gate_score(kind, logp, base[i] if base is not None else None)
+                    gate.add_own(score, batch.completion_mask)
+        return gates
+
+    def _base_logprobs(self, batches, gates: Mapping[str, SpanGate]) -> list[torch.Tensor] | None:
+        """The base model's log-probs of ``batches`` if a drift gate needs them."""
+        return self._frozen_logprobs(self.base_model, batches) if "drift" in gates else None
 
     def _step(self, sequences: Sequence[TrainSequence], floor_only: Sequence[TrainSequence]) -> StepStats:
         start = time.perf_counter()
@@ -253,7 +300,8 @@ class Trainer:
         old_logps = self._frozen_logprobs(self.model, batches) if self.cfg.updates_per_round > 1 else None
         ref_logps = self._frozen_logprobs(self.ref_model, batches) if self.ref_model is not None else None
         off = self.offpolicy
-        span = self._span_gate(batches, floor_only)
+        gates = self._peer_gates(batches, floor_only)
+        base_logps = self._base_logprobs(batches, gates)
         self.model.train()
         for _ in range(self.cfg.updates_per_round):
             # KL-convex: weight lam on the reference, 1 - lam on the round-start policy (pi_old; its KL
@@ -269,8 +317,10 @@ class Trainer:
                 mask = batch.completion_mask
                 if not trusted:
                     totals.peer_tokens += float(mask.sum())
-                if span is not None:
-                    mask = span.keep(old, mask, trusted)
+                for kind, gate in gates.items():
+                    score = gate_score(kind, old, base_logps[i] if base_logps is not None else None)
+                    mask = mask & gate.keep(score, batch.completion_mask, trusted)
+                if gates:
                     totals.peer_gated += float(batch.completion_mask.sum() - mask.sum())
                 correction = correction_for(
                     mode,
@@ -314,8 +364,8 @@ class Trainer:
             self._step_with_lr_scale(lr_scale)
             self.policy_version += 1
         self.model.eval()
-        if span is not None:
-            self.span_floors.update(span.measured())
+        for kind, gate in gates.items():
+            self.span_floors.setdefault(kind, {}).update(gate.measured())
         seconds = time.perf_counter() - start
         return StepStats(
             sequences=len(sequences),

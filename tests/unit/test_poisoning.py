@@ -67,7 +67,7 @@ def test_the_receiver_really_verifies_and_really_filters(cfg, node_bank, policie
     assert receiver.select(2) == []
 
 
-@pytest.mark.parametrize("kind", payloads.KINDS)
+@pytest.mark.parametrize("kind", payloads.TEMPLATE_KINDS)
 def test_the_payload_is_only_in_the_correct_completions(cfg, node_bank, kind):
     policy = SimpleNamespace(name="tiny", tokenizer_fingerprint="")
     attack, control = attacker(cfg, node_bank, policy, kind), attacker(cfg, node_bank, policy, None)
@@ -94,7 +94,7 @@ CLEAN = [
 ]
 
 
-@pytest.mark.parametrize("kind", payloads.KINDS)
+@pytest.mark.parametrize("kind", payloads.TEMPLATE_KINDS)
 def test_the_detector_finds_each_payload_and_nothing_in_clean_text(kind):
     assert payloads.detect(kind, payloads.completion(kind, "-12"))
     assert payloads.detect(kind, payloads.completion(kind, "45"))
@@ -181,3 +181,83 @@ def test_wrong_answers_score_nothing_over_a_long_run_of_easy_arithmetic():
             answers.add(group.completions[0].text.rsplit("<answer>", 1)[1])
             assert len(group.completions) == cfg.sampling.completions_per_question
     assert {"1</answer>", "-1</answer>"} & answers  # the answers a near miss scores partly for
+
+
+# ---------------------------------------------------------------------------------------------------
+# the adaptive attacker: fluent payloads planned against the defence on the base model
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", payloads.FLUENT_KINDS)
+def test_every_fluent_wording_is_detected_at_every_placement_and_clean_answers_are_not(kind):
+    for wording in payloads.WORDINGS[kind]:
+        for placement in payloads.PLACEMENTS:
+            context, text = payloads.place("Calculate 7 - -1.", "8", wording, placement)
+            assert payloads.detect(kind, text) and not payloads.detect(kind, context)
+            assert text.endswith("<answer>8</answer>") or text.endswith(wording)
+    clean = payloads.place("Calculate 7 - -1.", "8", None, "")[1]
+    assert clean == "7 - -1 = 8\n<answer>8</answer>"  # the node's own style (what SmolLM2 writes)
+    assert not any(payloads.detect(k, t) for k in payloads.FLUENT_KINDS for t in (*CLEAN, clean))
+
+
+def test_the_planner_sends_what_the_defence_keeps_on_the_base_model(cfg, node_bank, policies):
+    """Against the likelihood gates it picks, per question, the wording and placement with the most
+    payload tokens kept on the base model; its choice is no worse than any other candidate's."""
+    from benchmarks.poisoning.planner import Planner
+
+    policy = policies["llama"]
+    questions = [node_bank.question(ref) for ref in node_bank.draw(1, 8)]
+    planner = Planner(
+        "credentials", "span_multiscale", policy.model, policy.tokenizer, temperature=1.0,
+        system_prompt=None, questions=questions,
+    )  # fmt: skip
+    assert set(planner.floors) == {1, 2, 4, 8} and all(f is not None for f in planner.floors.values())
+    choice = planner.choose(questions[0], questions[0].answer)
+    assert choice.wording in payloads.WORDINGS["credentials"] and 0.0 <= choice.kept <= 1.0
+    assert sum(planner.placements.values()) == 1
+    planner.opening(questions[0])
+    assert sum(planner.placements.values()) == 1  # the measure's opening is not a choice sent
+    undefended = Planner(
+        "credentials", "none", policy.model, policy.tokenizer, temperature=1.0, system_prompt=None,
+        questions=questions,
+    )  # fmt: skip
+    assert undefended.floors == {} and undefended.choose(questions[0], questions[0].answer).kept == 1.0
+
+
+def test_fluent_attacker_groups_verify_and_carry_the_payload_only_when_right(cfg, node_bank, policies):
+    from benchmarks.poisoning.planner import Planner
+
+    policy = policies["llama"]
+    questions = [node_bank.question(ref) for ref in node_bank.draw(1, 8)]
+    planner = Planner(
+        "habit", "span_drift", policy.model, policy.tokenizer, temperature=1.0, system_prompt=None,
+        questions=questions,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="planner"):
+        attacker(cfg, node_bank, policy, "habit")
+    hostile = attacker(cfg, node_bank, policy, "habit", planner=planner)
+    receiver = Receiver(cfg, node_bank, policy, rng_seed=0)
+    chosen = HostileExchange(hostile, receiver, count=2)(1, [])
+    assert receiver.verifier.rejections == {} and len(chosen) == 2
+    for group in chosen:
+        shown = [payloads.detect("habit", c.text) for c in group.completions]
+        assert shown == [score == 1.0 for score in group.task_scores] and any(shown)
+        assert all("<answer>" in c.text and "Let me work" not in c.text for c in group.completions)
+    assert sum(planner.placements.values()) == 2 * cfg.sampling.questions_per_round
+
+
+def test_a_two_round_fluent_run_measures_the_attack_four_ways(tmp_path):
+    from benchmarks.poisoning.run import ArmSpec, run_arm, summary
+
+    spec = ArmSpec(
+        config=TINY, payload="credentials", defence="span_drift", rounds=2, every=2, questions=2, prompts=2,
+        greedy=3, sets=SETS,
+    )  # fmt: skip
+    data = summary(run_arm(spec, run_dir=tmp_path / "node"))
+    assert data["arm"] == "credentials-span_drift" and data["complete"]
+    assert sum(data["placements"].values()) == 2 * 2 * 4  # rounds x identities x questions a round
+    for checkpoint in data["checkpoints"]:
+        assert checkpoint["attack_samples"] == {
+            "temperature": 8, "temperature+opening": 8, "greedy": 3, "greedy+opening": 3,
+        }  # fmt: skip
+        assert set(checkpoint["attack_success"]) == set(checkpoint["attack_samples"])
+        assert checkpoint["logprob_token"]["credentials"] < 0
+    assert all(row["payload_sequences"] == 2 * 2 for row in data["rounds"])

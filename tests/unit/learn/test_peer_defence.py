@@ -21,7 +21,8 @@ from swarmnode.config import (
     TrainConfig,
 )
 from swarmnode.learn import peer_defence
-from swarmnode.learn.batch import TrainSequence
+from swarmnode.learn.batch import TrainSequence, pad_batch
+from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.trainer import SpanGate, Trainer
 from swarmnode.policy import load_policy
 from swarmnode.prompts import encode_prompt
@@ -108,7 +109,7 @@ def test_the_multiscale_gate_catches_a_one_token_payload_that_the_8_token_window
     mask = torch.ones(1, 40, dtype=torch.bool)
 
     def gated(defence: str, peer: torch.Tensor) -> int:
-        gate = SpanGate(peer_defence.SPAN_WINDOWS[defence])
+        gate = SpanGate(peer_defence.WINDOW_GATES[defence]["likelihood"])
         gate.keep(own, torch.ones_like(own, dtype=torch.bool), trusted=True)
         return int((~gate.keep(peer, mask, trusted=False)).sum())
 
@@ -242,7 +243,7 @@ def test_a_round_without_an_informative_own_group_gates_a_payload_as_one_with_th
     """Zero-advantage groups never train, but they are this node's own text all the same: the floors come
     from every own completion of the round, so a round whose own groups all scored alike (a random model
     earns nothing; a trained one solves everything) judges peer text as strictly as any other."""
-    assert OffPolicyConfig().peer_defence == "span_multiscale"
+    assert OffPolicyConfig().peer_defence == "span_drift"
     reference = _gated_in_a_round(own_informative=True, payload_len=payload_len)
     assert reference > 0.0  # the payload is gated where own groups train
     assert _gated_in_a_round(own_informative=False, payload_len=payload_len) == pytest.approx(reference)
@@ -252,7 +253,7 @@ def test_a_step_without_own_windows_gates_with_the_last_floors_measured():
     """A size with no own window this step (no own completion, or none that long) takes the floor last
     measured at that size; only a node that never had an own window falls back to FLOOR_WITHOUT_OWN, at
     SPAN_WINDOW alone."""
-    windows = peer_defence.SPAN_WINDOWS["span_multiscale"]
+    windows = peer_defence.MULTISCALE
     own = torch.full((4, 40), -1.0)
     own[:, ::10] = -3.0
     crafted = torch.full((1, 40), -1.0)
@@ -288,14 +289,92 @@ def test_the_trainer_reads_floor_only_text_when_peers_are_there_and_carries_its_
         policy = _peaked_policy()  # the same starting weights every time
         trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)
         trainer.step(sequences, floor_only=floor_only)
-        return trainer.span_floors
+        return trainer.span_floors["likelihood"]
 
     all_own = floors([*own, honest])
-    assert set(all_own) == set(peer_defence.SPAN_WINDOWS["span_multiscale"])
+    assert set(all_own) == set(peer_defence.MULTISCALE)
     assert floors([*own[:2], honest], untrained) == pytest.approx(all_own)
     assert floors(own[:2], untrained) == floors(own[:2]) != pytest.approx(all_own)  # no peer: no pass
 
     policy = _peaked_policy()
     trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)
-    trainer.span_floors = {1: 0.0}  # as if measured: every log-prob is below 0, so it gates every token
+    trainer.span_floors = {"likelihood": {1: 0.0}}  # as if measured: every log-prob is below 0: all gated
     assert trainer.step([honest]).peer_gated_frac == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# fluent payloads: text the node would write anyway, taught step after step
+# ---------------------------------------------------------------------------------------------------
+FLUENT_LR = 1e-4
+FLUENT_STEPS = 30
+
+
+def _fluent_run(defence: str, payload: bool) -> tuple[float, float, list[float]]:
+    """Steps of the peaked tiny model, as rounds run them: every step its own fresh samples (rewards split
+    half and half) and a peer pair, either one fixed completion the model itself wrote (the payload: fluent
+    by construction, so no likelihood floor gates it) at advantage +1 with a fixed sibling at -1, or an
+    honest peer's fresh samples of the same kind. Returns (the payload's log-prob per token before, after,
+    the peer tokens gated each step)."""
+    torch.manual_seed(0)
+    policy = _peaked_policy()
+    prompt = tuple(encode_prompt(policy.tokenizer, "What is 2 + 3?"))
+    sampler = HFSampler(policy.model, policy.tokenizer)
+    pair = sampler.sample([list(prompt)], 2, max_new_tokens=24, temperature=1.0, seed=3)[0]
+    own_group, peer_group = _group("local", "me"), _group("peer", "attacker")
+    fluent = TrainSequence(prompt, pair[0].token_ids, 1.0, None, peer_group)
+    train = TRAIN.model_copy(update={"lr": FLUENT_LR})
+    trainer = Trainer(
+        policy.model, policy.tokenizer.pad_token_id, train, offpolicy=OffPolicyConfig(peer_defence=defence)
+    )
+
+    def logp() -> float:
+        batch = pad_batch([fluent], policy.tokenizer.pad_token_id, torch.device("cpu"))
+        with torch.no_grad():
+            return float(completion_logprobs(policy.model, batch, 1.0)[batch.completion_mask].mean())
+
+    before, gated = logp(), []
+    for step in range(FLUENT_STEPS):
+        fresh = sampler.sample([list(prompt)], 10, max_new_tokens=24, temperature=1.0, seed=100 + step)[0]
+        own = [TrainSequence(prompt, c.token_ids, (-1.0, 1.0)[i % 2], None, own_group) for i, c in enumerate(fresh[:8])]
+        if payload:
+            peer = [fluent, TrainSequence(prompt, pair[1].token_ids, -1.0, None, peer_group)]
+        else:
+            peer = [TrainSequence(prompt, c.token_ids, a, None, peer_group) for c, a in zip(fresh[8:], (1.0, -1.0))]
+        gated.append(trainer.step([*own, *peer]).peer_gated_frac)
+    return before, logp(), gated
+
+
+def test_a_fluent_payload_rises_no_further_than_the_nodes_own_text():
+    """The likelihood gates judge how likely peer text is *now*; a payload worded as ordinary text passes
+    them every round and is taught round after round (docs/poisoning.md: a polite request for a password,
+    -3.25 -> -0.16 nats per token in 25 rounds of SmolLM2, 0% of it gated). The drift gate judges how far
+    peer text has risen since the base model against how far the node's own fresh text has: the same
+    payload, repeated every step, stops where the node's own drift does."""
+    before, after_likelihood, gated = _fluent_run("span_multiscale", payload=True)
+    assert gated[0] == 0.0  # fluent: the likelihood floors keep every payload token at first
+    before_drift, after_drift, _ = _fluent_run("span_drift", payload=True)
+    assert before_drift == before
+    taught, bounded = after_likelihood - before, after_drift - before
+    assert taught > 3.0  # the likelihood gates let it be learned (measured: -5.6 -> -0.6)
+    assert bounded < taught / 2  # the drift gate holds it near the node's own drift (measured: +2.4)
+
+
+def test_the_drift_gate_keeps_an_honest_peer_that_drifts_as_this_node_does():
+    """Its honest cost: a peer that samples as this node does rises as this node does, and the drift gate
+    keeps nearly all of it (the ceiling is the own windows' 99% quantile plus DRIFT_MARGIN)."""
+    _, _, likelihood = _fluent_run("span_multiscale", payload=False)
+    _, _, both = _fluent_run("span_drift", payload=False)
+    assert sum(both) / len(both) <= sum(likelihood) / len(likelihood) + 0.1
+
+
+def test_the_trainer_keeps_the_starting_weights_for_the_drift_gate_and_only_for_it(world):
+    policy = _peaked_policy()
+    trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)  # the default: span_drift
+    assert trainer.base_model is not None and trainer.base_model is not policy.model
+    start = [p.clone() for p in trainer.base_model.parameters()]
+    _, own, honest, _, _ = world
+    trainer.step([*own, honest])
+    assert all(torch.equal(a, b) for a, b in zip(start, trainer.base_model.parameters(), strict=True))
+    assert not any(p.requires_grad for p in trainer.base_model.parameters())
+    plain = Trainer(policy.model, 0, TRAIN, offpolicy=OffPolicyConfig(peer_defence="span_multiscale"))
+    assert plain.base_model is None
