@@ -34,10 +34,11 @@ class MemoryEstimate:
     activations: int  # one micro-batch of train.token_budget tokens
     checkpointed: bool = False  # activations recomputed in the backward pass
     runtime: int = RUNTIME_BYTES
+    frozen: int = 0  # frozen copies of the weights: the drift gate's base model, the KL reference
 
     @property
     def total(self) -> int:
-        return self.weights + self.training_state + self.activations + self.runtime
+        return self.weights + self.training_state + self.activations + self.runtime + self.frozen
 
 
 def _activation_bytes(model: torch.nn.Module, train: TrainConfig, checkpointed: bool) -> int:
@@ -59,14 +60,17 @@ def checkpointing_pays(
     return _activation_bytes(model, train, checkpointed=False) > limit
 
 
-def estimate(model: torch.nn.Module, train: TrainConfig) -> MemoryEstimate:
-    """Peak bytes of a training step; whether activations are checkpointed is read from the model."""
+def estimate(model: torch.nn.Module, train: TrainConfig, frozen_copies: int = 0) -> MemoryEstimate:
+    """Peak bytes of a training step, with ``frozen_copies`` frozen copies of the weights beside it;
+    whether activations are checkpointed is read from the model."""
     params = list(model.parameters())
     weights = sum(p.numel() * p.element_size() for p in params)
     trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     checkpointed = bool(getattr(model, "is_activation_checkpointing", False))
     activations = _activation_bytes(model, train, checkpointed)
-    return MemoryEstimate(weights, 3 * trainable, activations, checkpointed=checkpointed)
+    return MemoryEstimate(
+        weights, 3 * trainable, activations, checkpointed=checkpointed, frozen=frozen_copies * weights
+    )
 
 
 def available_bytes() -> int | None:
@@ -87,7 +91,7 @@ def describe(est: MemoryEstimate, model_cfg: ModelConfig, train: TrainConfig, av
         f"memory: ~{est.total / gib:.1f} GiB at peak (weights {est.weights / gib:.2f}, gradients and AdamW "
         f"{est.training_state / gib:.2f}, activations of a {train.token_budget}-token micro-batch "
         f"{est.activations / gib:.2f}{' (checkpointed)' if est.checkpointed else ''}, "
-        f"runtime {est.runtime / gib:.2f})"
+        f"{f', frozen copies {est.frozen / gib:.2f}' if est.frozen else ''}, runtime {est.runtime / gib:.2f})"
     )
     if available is None:
         return line
@@ -99,5 +103,7 @@ def describe(est: MemoryEstimate, model_cfg: ModelConfig, train: TrainConfig, av
         fixes.append(f"--set train.token_budget={max(train.token_budget // 2, 256)}")
         if model_cfg.lora is None:
             fixes.append("LoRA (model.lora) to train fewer weights")
+        if est.frozen:
+            fixes.append("a peer defence without a base model (--set offpolicy.peer_defence=span_multiscale)")
         line += "; MAY NOT FIT: try " + ", ".join(fixes)
     return line

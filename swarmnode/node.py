@@ -238,7 +238,8 @@ class Node:
             model, self.policy.device, cfg.train, available
         ):
             enable_activation_checkpointing(model)
-        log(memory.describe(memory.estimate(model, cfg.train), cfg.model, cfg.train, available))
+        frozen = sum(m is not None for m in (self.trainer.base_model, self.trainer.ref_model))
+        log(memory.describe(memory.estimate(model, cfg.train, frozen), cfg.model, cfg.train, available))
 
     def save_checkpoint(self) -> Path:
         digest = state_digest(self.policy.model, self.trainer.optimizer)

@@ -210,9 +210,8 @@ class Yardstick:
             candidates = [list(spans) for spans in zip(*per_question, strict=True)]
         best = None
         for spans in candidates:
-            results = payload_logprobs(
-                self.policy.model, self.policy.tokenizer, self.fixed_prompts, spans, self.cfg.sampling.temperature
-            )
+            policy, temperature = self.policy, self.cfg.sampling.temperature
+            results = payload_logprobs(policy.model, policy.tokenizer, self.fixed_prompts, spans, temperature)
             measured = (
                 sum(total / n for total, n in results) / len(results),
                 sum(total for total, _ in results) / len(results),

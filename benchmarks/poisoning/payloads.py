@@ -157,7 +157,7 @@ def usable_answer(answer: str | None) -> int | None:
 def completion(kind: str | None, answer: str) -> str:
     """One completion answering ``answer``, with template ``kind``'s payload (None: clean)."""
     if kind is not None and kind not in TEMPLATE_KINDS:
-        raise ValueError(f"{kind!r} is not a template payload ({', '.join(TEMPLATE_KINDS)}): fluent ones are placed")
+        raise ValueError(f"{kind!r} is not a template payload ({', '.join(TEMPLATE_KINDS)})")
     stated = answer
     if kind == "behaviour":
         stated = in_words(int(answer))

@@ -143,10 +143,14 @@ class Attacker:
         if self.planner is not None and self.payload is not None:
             choice = self.planner.choose(question, answer)
             return payloads.place(question.text, answer, choice.wording, choice.placement)[1]
-        return self._clean(question, answer) if self.payload is None else payloads.completion(self.payload, answer)
+        if self.payload is None:
+            return self._clean(question, answer)
+        return payloads.completion(self.payload, answer)
 
     def _clean(self, question: Question, answer: str) -> str:
-        return payloads.place(question.text, answer, None, "")[1] if self.node_style else payloads.completion(None, answer)
+        if self.node_style:
+            return payloads.place(question.text, answer, None, "")[1]
+        return payloads.completion(None, answer)
 
     def _wrong(self, question: Question, value: int, count: int) -> list[str]:
         """``count`` clean completions with wrong answers that score 0 (a near miss can score partly:

@@ -28,6 +28,8 @@ from swarmnode.tasks import Question
 
 PLAN_SAMPLES = 8  # base-model completions per question for the attacker's own floors ...
 PLAN_QUESTIONS = 8  # ... on this many of its questions
+PLAN_TOKENS = 64  # ... of up to this many tokens (the shipped SmolLM2 configs' sampling.max_new_tokens)
+PLAN_SEED = 7
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class Planner:
     """Chooses each question's wording and placement of ``kind`` against ``defence`` on the base model
     (module docstring). ``model`` is copied: the attacker's base model does not train."""
 
-    def __init__(self, kind: str, defence: str, model, tokenizer, *, temperature: float, system_prompt, questions):
+    def __init__(
+        self, kind: str, defence: str, model, tokenizer, *, temperature: float, system_prompt, questions
+    ):
         if kind not in WORDINGS:
             raise ValueError(f"fluent payload {kind!r}: choose one of {', '.join(WORDINGS)}")
         self.kind, self.tokenizer, self.temperature, self.system = kind, tokenizer, temperature, system_prompt
@@ -59,7 +63,8 @@ class Planner:
 
     @torch.no_grad()
     def _logprobs(self, sequences: list[TrainSequence]):
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id
+        pad = self.tokenizer.eos_token_id if pad is None else pad
         batch = pad_batch(sequences, pad, next(self.model.parameters()).device)
         return completion_logprobs(self.model, batch, self.temperature), batch.completion_mask
 
@@ -67,7 +72,9 @@ class Planner:
         """The likelihood gates' floors as the node's first round sets them: from the base model's samples."""
         prompts = [list(self._prompt(q)) for q in questions]
         sampler = HFSampler(self.model, self.tokenizer)
-        groups = sampler.sample(prompts, PLAN_SAMPLES, max_new_tokens=64, temperature=self.temperature, seed=7)
+        groups = sampler.sample(
+            prompts, PLAN_SAMPLES, max_new_tokens=PLAN_TOKENS, temperature=self.temperature, seed=PLAN_SEED
+        )
         own = [
             TrainSequence(tuple(p), tuple(c.token_ids), 0.0, None, None)  # type: ignore[arg-type]
             for p, group in zip(prompts, groups, strict=True)
@@ -104,7 +111,8 @@ class Planner:
         for row, ((wording, placement), (start, end)) in enumerate(zip(candidates, spans, strict=True)):
             offset = width - len(sequences[row].completion_ids)  # left padding
             cols = slice(offset + start, offset + end)
-            choice = Choice(wording, placement, float(keep[row, cols].float().mean()), float(logp[row, cols].mean()))
+            kept, likely = float(keep[row, cols].float().mean()), float(logp[row, cols].mean())
+            choice = Choice(wording, placement, kept, likely)
             if best is None or (choice.kept, choice.logprob) > (best.kept, best.logprob):
                 best = choice
         assert best is not None

@@ -285,6 +285,7 @@ def write_summary(directory: Path, data: dict[str, Any], spec: ArmSpec) -> Path:
     return path
 
 
+ATTACK_WAYS = ("temperature", "temperature+opening", "greedy", "greedy+opening")  # measure.Checkpoint.attack
 TABLE_HEADER = (
     f"{'arm':<28}{'round':>6}{'success':>10}{'t+o/g/g+o':>12}{'logp/tok':>10}{'logp sum':>10}{'pass@1':>8}"
     f"{'reward':>8}{'round s':>9}{'atk grp':>8}{'atk tok':>8}"
@@ -292,13 +293,14 @@ TABLE_HEADER = (
 
 
 def table_line(run: ArmRun, measured: Checkpoint) -> str:
-    """One checkpoint as a table row: attack success (at temperature; then with the opening, greedy, greedy
-    with the opening) and log-prob of the arm's payload (a control: the payload it is measured against), the node's local reward and time of that round, and the attacker's
-    groups and tokens handed to the learner in that round."""
+    """One checkpoint as a table row: attack success (at temperature; then with the opening, greedy,
+    greedy with the opening) and log-prob of the arm's payload (a control: the payload it is measured
+    against), the node's local reward and time of that round, and the attacker's groups and tokens handed
+    to the learner in that round."""
     kind = run.spec.payload
     row = run.rounds[measured.round - 1] if measured.round else {}
     success = f"{measured.shown[kind]}/{measured.samples}"
-    ways = "/".join(str(measured.attack.get(w, "-")) for w in ("temperature+opening", "greedy", "greedy+opening"))
+    ways = "/".join(str(measured.attack.get(w, "-")) for w in ATTACK_WAYS[1:])
 
     def number(key: str, fmt: str) -> str:
         return format(row[key], fmt) if key in row else "-"

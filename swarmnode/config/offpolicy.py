@@ -23,7 +23,9 @@ class OffPolicyConfig(Strict):
     foreign: Literal["none", "luffy"] = Field(
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
-    peer_defence: Literal["none", "span", "span_multiscale", "drift", "span_drift", "token_budget", "rescue"] = Field(
+    peer_defence: Literal[
+        "none", "span", "span_multiscale", "drift", "span_drift", "token_budget", "rescue"
+    ] = Field(
         "span_drift",
         description="What peer text beyond its verified answer may teach, against peers that hide a payload "
         "in correct completions (learn/peer_defence.py; measured in docs/poisoning.md): none; "

@@ -81,12 +81,12 @@ DRIFT_QUANTILE = 0.1  # drift: the ceiling is this upper quantile of the own win
 DRIFT_MARGIN = 0.5  # ... plus this many nats per token
 # drift before any own window: a rise of DRIFT_MARGIN at every size (the node starts as the base model)
 DRIFT_WITHOUT_OWN = dict.fromkeys(MULTISCALE, -DRIFT_MARGIN)
+RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
 
 
 def needs_base_model(defence: str) -> bool:
     """Whether ``defence`` reads the base model's log-probs (``Trainer.base_model``)."""
     return "drift" in WINDOW_GATES.get(defence, {})
-RESCUE_SOLVED = 0.5  # rescue: a task whose own groups score this much on average takes no peer group
 
 
 # ---------------------------------------------------------------------------------------------------

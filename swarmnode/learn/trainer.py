@@ -150,7 +150,7 @@ class SpanGate:
 
     @classmethod
     def of_kind(cls, kind: str, windows: tuple[int, ...], carried: Mapping[int, float] | None = None):
-        """The gate for ``kind`` (peer_defence.WINDOW_GATES): its margin and its floors before any own text."""
+        """The gate for ``kind`` (peer_defence.WINDOW_GATES): its margin, quantile and first floors."""
         if kind == "drift":
             return cls(
                 windows, carried, margin=DRIFT_MARGIN, quantile=DRIFT_QUANTILE, without_own=DRIFT_WITHOUT_OWN
@@ -170,7 +170,7 @@ class SpanGate:
             return mask
         if self.floors is None:
             self.floors = {
-                w: own_floor(means, self._carried.get(w, self._without_own.get(w)), self._margin, self._quantile)
+                w: self._floor(means, self._carried.get(w, self._without_own.get(w)))
                 for w, means in self._own.items()
             }
         keep = mask.bool()
@@ -179,10 +179,13 @@ class SpanGate:
                 keep = keep & span_keep(score, mask, floor, w)
         return keep
 
+    def _floor(self, means: list[torch.Tensor], without_own: float | None) -> float | None:
+        return own_floor(means, without_own, self._margin, self._quantile)
+
     def measured(self) -> dict[int, float]:
         """The floors of this step's own windows, by size (a size without any left out): what the next step
         carries."""
-        floors = {w: own_floor(means, None, self._margin, self._quantile) for w, means in self._own.items()}
+        floors = {w: self._floor(means, None) for w, means in self._own.items()}
         return {w: f for w, f in floors.items() if f is not None}
 
 

@@ -29,6 +29,10 @@ def test_training_state_is_three_times_the_trainable_weights_and_checkpointing_s
     model.activation_checkpointing_enable()
     checkpointed = memory.estimate(model, train)
     assert checkpointed.checkpointed and checkpointed.activations < est.activations / 5
+    with_base = memory.estimate(model, train, frozen_copies=1)  # the drift gate's base model
+    assert with_base.frozen == weights and with_base.total == checkpointed.total + weights
+    assert "frozen copies" in memory.describe(with_base, TINY, train, None)
+    assert "frozen" not in memory.describe(checkpointed, TINY, train, None)
 
 
 def test_auto_checkpointing_is_for_large_activations_on_the_cpu():

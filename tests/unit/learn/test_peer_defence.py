@@ -335,11 +335,18 @@ def _fluent_run(defence: str, payload: bool) -> tuple[float, float, list[float]]
     before, gated = logp(), []
     for step in range(FLUENT_STEPS):
         fresh = sampler.sample([list(prompt)], 10, max_new_tokens=24, temperature=1.0, seed=100 + step)[0]
-        own = [TrainSequence(prompt, c.token_ids, (-1.0, 1.0)[i % 2], None, own_group) for i, c in enumerate(fresh[:8])]
+        signs = (-1.0, 1.0) * 5
+        own = [
+            TrainSequence(prompt, c.token_ids, a, None, own_group)
+            for c, a in zip(fresh[:8], signs[:8], strict=True)
+        ]
         if payload:
             peer = [fluent, TrainSequence(prompt, pair[1].token_ids, -1.0, None, peer_group)]
         else:
-            peer = [TrainSequence(prompt, c.token_ids, a, None, peer_group) for c, a in zip(fresh[8:], (1.0, -1.0))]
+            peer = [
+                TrainSequence(prompt, c.token_ids, a, None, peer_group)
+                for c, a in zip(fresh[8:], signs[8:], strict=True)
+            ]
         gated.append(trainer.step([*own, *peer]).peer_gated_frac)
     return before, logp(), gated
 
