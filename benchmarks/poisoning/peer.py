@@ -42,7 +42,7 @@ from swarmnode.swarm.wire import codec, convert, limits, protocol
 from swarmnode.tasks import SEED_LIMIT, Question, TaskBank
 
 if TYPE_CHECKING:
-    from benchmarks.poisoning.planner import Planner
+    from benchmarks.poisoning.planner import Choice, Planner
 
 MAX_ATTACKERS = 2  # identities one attacker runs here: J = 2 gives each of two a full producer share
 
@@ -121,10 +121,14 @@ class Attacker:
         )  # fmt: skip
         right = self.correct
         out = []
-        for question in self._questions(index, round_):
+        questions = self._questions(index, round_)
+        choice = None  # a fluent payload's wording and placement, planned on the round's first question
+        if self.planner is not None and self.payload is not None:
+            choice = self.planner.choose(questions[0], questions[0].answer)
+        for question in questions:
             answer = question.answer
             value = payloads.usable_answer(answer)
-            texts = [self._correct(question)] * right
+            texts = [self._correct(question, choice)] * right
             texts += self._wrong(question, value, self.completions - right)
             group = self.bank.score_group(question, [Completion(text=t) for t in texts], provenance)
             wanted = (1.0,) * right + (0.0,) * (self.completions - right)
@@ -136,12 +140,11 @@ class Attacker:
             out.append(group)
         return out
 
-    def _correct(self, question: Question) -> str:
-        """A correct completion carrying the payload: a template one, or the planner's choice for a fluent
-        kind, in the node's style (clean in a control)."""
+    def _correct(self, question: Question, choice: Choice | None) -> str:
+        """A correct completion carrying the payload: a template one, or a fluent one as ``choice`` words
+        and places it, in the node's style (clean in a control)."""
         answer = question.answer
-        if self.planner is not None and self.payload is not None:
-            choice = self.planner.choose(question, answer)
+        if choice is not None:
             return payloads.place(question.text, answer, choice.wording, choice.placement)[1]
         if self.payload is None:
             return self._clean(question, answer)

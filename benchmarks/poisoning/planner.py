@@ -1,14 +1,15 @@
 """The adaptive attacker: it words and places a fluent payload (``payloads.FLUENT_KINDS``) to pass the
 configured defence, computed on the base model every node starts from.
 
-``Planner`` chooses, per question and every round, the wording and placement whose payload tokens the
-configured defence keeps, computed on the base model: the likelihood gates' floors from the base model's own
-samples (as the node's first round computes them), each candidate's teacher-forced log-probs after the
-question's prompt, ``peer_defence.span_keep`` at every window size. It sends the candidate with the most
-payload tokens kept, then the likeliest. The drift gate cannot be planned on the base model (the rise there
-is 0 for every candidate); against it the likeliest wording is the best an attacker can do, and that is the
-tie-break.
-"""
+``Planner`` chooses the wording and placement whose payload tokens the configured defence keeps, computed
+on the base model: the likelihood gates' floors from the base model's own samples (as the node's first
+round computes them), each candidate's teacher-forced log-probs after the question's prompt,
+``peer_defence.span_keep`` at every window size. It sends the candidate with the most payload tokens kept,
+then the likeliest. It re-plans every round for each attacker identity, on the first question of that
+identity's batch: one question's candidates are a forward pass of 9 sequences, the choice hardly varies
+across the questions of a task, and planning every question made a SmolLM2 round about 4x slower. The drift
+gate cannot be planned on the base model (the rise there is 0 for every candidate); against it the
+likeliest wording is the best an attacker can do, and that is the tie-break."""
 
 from __future__ import annotations
 

@@ -241,7 +241,7 @@ def test_fluent_attacker_groups_verify_and_carry_the_payload_only_when_right(cfg
         shown = [payloads.detect("habit", c.text) for c in group.completions]
         assert shown == [score == 1.0 for score in group.task_scores] and any(shown)
         assert all("<answer>" in c.text and "Let me work" not in c.text for c in group.completions)
-    assert sum(planner.placements.values()) == 2 * cfg.sampling.questions_per_round
+    assert sum(planner.placements.values()) == 2  # one plan per identity and round
 
 
 def test_a_two_round_fluent_run_measures_the_attack_four_ways(tmp_path):
@@ -253,7 +253,7 @@ def test_a_two_round_fluent_run_measures_the_attack_four_ways(tmp_path):
     )  # fmt: skip
     data = summary(run_arm(spec, run_dir=tmp_path / "node"))
     assert data["arm"] == "credentials-span_drift" and data["complete"]
-    assert sum(data["placements"].values()) == 2 * 2 * 4  # rounds x identities x questions a round
+    assert sum(data["placements"].values()) == 2 * 2  # rounds x identities
     for checkpoint in data["checkpoints"]:
         assert checkpoint["attack_samples"] == {
             "temperature": 8, "temperature+opening": 8, "greedy": 3, "greedy+opening": 3,
