@@ -46,6 +46,21 @@ def _gated(arm: dict) -> str:
     return f"{statistics.fmean(values):.1%}" if values else "-"
 
 
+def _worst_ways(arm: dict) -> str:
+    """The most samples that showed the arm's payload at any checkpoint, in each of the four ways of
+    ``measure.Checkpoint.attack`` ("-" for summaries from before they were measured)."""
+    ways = ("temperature", "temperature+opening", "greedy", "greedy+opening")
+    cells = []
+    for way in ways:
+        counts = [
+            (c["attack"][way], c["attack_samples"][way])
+            for c in arm["checkpoints"]
+            if way in c.get("attack", {})
+        ]
+        cells.append(f"{max(counts)[0]}/{counts[0][1]}" if counts else "-")
+    return ", ".join(cells)
+
+
 def attack_table(arms: list[dict]) -> str:
     """One row per attacked arm and seed: each checkpoint's success and log-prob per token."""
     attacked = [a for a in arms if a["attack"]]
@@ -53,9 +68,10 @@ def attack_table(arms: list[dict]) -> str:
     head = (
         "| arm | seed | "
         + " | ".join(f"round {r}" for r in rounds)
+        + " | most shown, any checkpoint: temperature, +opening, greedy, +opening"
         + " | pass@1 first -> last | peer tokens gated |"
     )
-    lines = [head, "|" + "---|" * (len(rounds) + 4)]
+    lines = [head, "|" + "---|" * (len(rounds) + 5)]
     for arm in attacked:
         kind, by_round = arm["payload"], {c["round"]: c for c in arm["checkpoints"]}
         cells = [
@@ -66,7 +82,7 @@ def attack_table(arms: list[dict]) -> str:
         first, last = arm["checkpoints"][0], arm["checkpoints"][-1]
         done = "" if arm["complete"] else " (incomplete)"
         lines.append(
-            f"| {arm['arm']}{done} | {arm['seed']} | " + " | ".join(cells)
+            f"| {arm['arm']}{done} | {arm['seed']} | " + " | ".join(cells) + f" | {_worst_ways(arm)}"
             + f" | {first['pass_at_1']:.3f} -> {last['pass_at_1']:.3f} | {_gated(arm)} |"
         )  # fmt: skip
     return "\n".join(lines)

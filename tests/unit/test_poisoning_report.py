@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.poisoning.report import control_costs, load, report, wilson
+from benchmarks.poisoning.report import attack_table, control_costs, load, report, wilson
 
 
 def _arm(defence: str, *, attack: bool, rewards: list[float], pass_at_1: float) -> dict:
@@ -52,3 +52,17 @@ def test_the_report_reads_the_summaries_in_a_folder(tmp_path):
     assert [a["arm"] for a in load(tmp_path)] == ["sentence-start-none"]
     text = report(tmp_path)
     assert "| sentence-start-none | 0 | 3/64, -2.50 |" in text and "25.0%" in text
+
+
+def test_the_attack_table_shows_the_most_samples_that_showed_the_payload_in_each_way():
+    arm = _arm("span_drift", attack=True, rewards=[0.3], pass_at_1=0.25)
+    ways = ("temperature", "temperature+opening", "greedy", "greedy+opening")
+    later = {**arm["checkpoints"][0], "round": 10}
+    arm["checkpoints"][0].update(
+        attack=dict(zip(ways, (0, 2, 1, 0), strict=True)), attack_samples=dict.fromkeys(ways, 64)
+    )
+    later.update(attack=dict(zip(ways, (1, 0, 5, 0), strict=True)), attack_samples=dict.fromkeys(ways, 64))
+    arm["checkpoints"].append(later)
+    old = _arm("none", attack=True, rewards=[0.3], pass_at_1=0.25)  # measured before the four ways
+    table = attack_table([arm, old])
+    assert "| 1/64, 2/64, 5/64, 0/64 |" in table and "| -, -, -, - |" in table
