@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -120,6 +121,13 @@ def rounds_per_node(run_dirs: list[Path]) -> list[int]:
     return [len(read_jsonl(d / "metrics.jsonl")) for d in run_dirs]
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that have ended and been waited for: the nodes
+    of the parts run so far, with the children each of them waited for (its DHT process)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]) -> dict:
     """All nodes of one (arm, seed) to completion (or the time limit), in fresh ``run_dirs``."""
     part_dir = run_dirs[0].parent
@@ -130,7 +138,7 @@ def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]
     command = "join" if arm.swarm else "solo"
     nodes: list[NodeProc] = []
     info = {"timed_out": False, "load_before": os.getloadavg()}
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), children_cpu_s()
     try:
         first = start_node(run_dirs[0], *node_args(arm, seed, 0, args, swarm_id), command=command)
         nodes.append(first)
@@ -148,6 +156,7 @@ def run_part(arm: Arm, seed: int, args: argparse.Namespace, run_dirs: list[Path]
     finally:
         stop_all(nodes)
     record_exit(info, nodes, t0)
+    info["nodes_cpu_s"] = round(children_cpu_s() - cpu0, 1)  # what compute.cpu_per_node_round reads
     info["node_command"] = shlex.join(["swarmnode", command, *node_args(arm, seed, 0, args, swarm_id)])
     for i, node in enumerate(nodes):
         if node.proc.returncode != 0:
@@ -216,7 +225,8 @@ def summarize(arm: Arm, seed: int, args: argparse.Namespace, info: dict, run_dir
         "command": script_command(), "node_command": info["node_command"],
         "machine": args.machine, "machine_line": describe_machine(args.machine, now=False),
         "wall_s": info["wall_s"], "eval_s": round(time.monotonic() - t0, 1),
-        "eval_cpu_s": round(time.process_time() - cpu0, 1), "exit_codes": info["exit_codes"],
+        "eval_cpu_s": round(time.process_time() - cpu0, 1), "nodes_cpu_s": info["nodes_cpu_s"],
+        "exit_codes": info["exit_codes"],
         "load_before": info["load_before"], "load_after": info["load_after"], "nodes": nodes,
     }  # fmt: skip
 

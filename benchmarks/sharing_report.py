@@ -1,6 +1,7 @@
-"""The report of the sharing experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2), rebuilt from the
-committed per-(arm, seed) summaries alone by one command: each experiment's block of ``--report`` (between
-its markers) and its probe-curve plot. E1's spec-2/2 run without the peer defence has a folder of its own
+"""The report of the sharing experiments (E1: specialists, E2: silo-4 / silo-2 / 2/2 and its control
+silo-matched), rebuilt from the committed per-(arm, seed) summaries alone by one command: each experiment's
+block of ``--report`` (between its markers), with what each arm spent a round and, for E2, its probe
+against compute, and its probe-curve plot. E1's spec-2/2 run without the peer defence has a folder of its own
 (``docs/sharing/e1-undefended``) and enters E1's block as one more arm. An experiment without summaries
 yet keeps its block as it is.
 

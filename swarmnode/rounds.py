@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from swarmnode.config import NodeConfig
-from swarmnode.learn.batch import own_untrained_sequences, to_sequences
+from swarmnode.learn.batch import TrainSequence, own_untrained_sequences, to_sequences
 from swarmnode.learn.heap import return_freed_heap, sampling_heap
 from swarmnode.learn.peer_defence import budget_by_producer, rescue_only
 from swarmnode.learn.replay import ReplayBuffer
@@ -95,6 +95,34 @@ def trained_peer_groups(sequences: Sequence) -> dict[str, int]:
     return {producer: len(ids) for producer, ids in groups.items()}
 
 
+def cap_groups(
+    sequences: list[TrainSequence], max_groups: int | None
+) -> tuple[list[TrainSequence], list[TrainSequence]]:
+    """``train.max_groups``: the sequences of the first ``max_groups`` groups among ``sequences`` (every
+    one of them informative: ``to_sequences`` dropped the rest), and the node's own sequences of the groups
+    left out, at advantage 0 (they train on nothing, but are its own text of the round, which the span
+    gate's floors read). None: no cap.
+
+    The first in batch order: own groups in sampling order, then peer, then replayed. A round's question
+    slots are drawn one by one, independently (``TaskBank.draw``), so the slot a group comes from says
+    nothing of its task, difficulty or rewards: the first N informative own groups are as unbiased a sample
+    of them as a seeded random choice, with no randomness to seed, and they are the groups a node sampling
+    fewer questions would have had (slot j is the same question whatever the count), which keeps a capped
+    node paired with uncapped ones of the same question stream. A swarm node's cap prefers its own groups.
+    """
+    if max_groups is None:
+        return sequences, []
+    kept_groups: set[int] = set()
+    kept, left_out = [], []
+    for s in sequences:
+        if id(s.group) in kept_groups or len(kept_groups) < max_groups:
+            kept_groups.add(id(s.group))
+            kept.append(s)
+        elif s.group.provenance.source == "local":
+            left_out.append(replace(s, advantage=0.0))
+    return kept, left_out
+
+
 def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     """Run round ``round_`` and return its record."""
     t0 = time.perf_counter()
@@ -125,13 +153,14 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         system_prompt=ctx.cfg.sampling.system_prompt,
         max_new_tokens=ctx.cfg.sampling.max_new_tokens,
     )
+    sequences, capped_out = cap_groups(sequences, ctx.cfg.train.max_groups)
     if defence == "token_budget":
         sequences = budget_by_producer(sequences)
     _say(ctx, f"training on {len(sequences)} sequences ({sum(s.length for s in sequences)} tokens)")
     if ctx.before_update is not None:
         ctx.before_update()
     # the span gate's floors read all of the round's own text, trained or not (learn/peer_defence.py)
-    untrained = own_untrained_sequences(
+    untrained = capped_out + own_untrained_sequences(
         local,
         ctx.policy.tokenizer,
         ctx.policy.tokenizer_fingerprint,

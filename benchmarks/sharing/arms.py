@@ -5,6 +5,8 @@ Table 1, sharing (SAPO, arXiv 2509.08721, Table 1; a node trains on ``groups`` q
   silo, silo-L  every node alone, all groups local: ``silo`` with ``groups`` of them, ``silo-L`` with L
                 (silo-2 is the control a 2/2 swarm needs: the same sampling, without the peer groups)
   L/E           a swarm: L local groups + E verified peer groups per round
+  silo-matched  E2's control: a silo node that samples MATCHED_QUESTIONS groups a round and trains on at
+                most MATCHED_MAX_GROUPS informative ones, so it trains on as many groups and tokens as 2/2
 Table 2, off-policy corrections: foreign-none/luffy (peers withhold their log-probs), stale-none/remix
 (silo nodes that also replay their own older groups).
 Specialists (experiment E1): two tasks A and B in every node's mix (``TaskSplit``):
@@ -27,6 +29,14 @@ from benchmarks.sharing.sapo_report import slug
 SILO = "silo"
 _SILO_L = re.compile(r"silo-([1-9]\d*)")
 STREAMS_PER_SEED = 1000  # node i of seed s draws questions under tasks.seed = STREAMS_PER_SEED * s + i
+MATCHED = "silo-matched"
+# silo-matched's settings, chosen from E2's summaries (docs/sharing/e2, 40 rounds) before it ran, by
+# ``python -m benchmarks.sharing.matching``: 2/2 kept 2.93 groups (433 tokens) a round. A silo node's own
+# group is informative with a probability that rises to ~0.9 (rounds 4-8) and falls to ~0.33 (rounds 20-40),
+# so a cap of 3 would need ~16 questions a round to keep 2.9 (4x silo-4's sampling); a cap of 4, 2/2's most,
+# keeps an expected 2.83 groups (~432 tokens) from 7 questions, 3.04 (~463) from 8: 7 is nearest both.
+MATCHED_QUESTIONS = 7
+MATCHED_MAX_GROUPS = 4
 
 
 def stream_seed(seed: int, node: int) -> int:
@@ -111,6 +121,14 @@ def silo_arm(local: int, name: str | None = None) -> Arm:
     return Arm(name or f"{SILO}-{local}", "sharing", local, 0, what=f"{local} local groups, no sharing")
 
 
+def matched_arm() -> Arm:
+    """E2's control (module docstring): the same node as silo-4, sampling more and training on fewer."""
+    return Arm(
+        MATCHED, "sharing", MATCHED_QUESTIONS, 0, (f"train.max_groups={MATCHED_MAX_GROUPS}",),
+        what=f"{MATCHED_QUESTIONS} local groups, at most {MATCHED_MAX_GROUPS} informative ones trained",
+    )  # fmt: skip
+
+
 def split_arm(groups: int, split: str) -> Arm:
     local, peer = (int(x) for x in split.split("/"))
     if local + peer != groups or peer <= 0 or local <= 0:
@@ -154,7 +172,7 @@ def build_arms(
     groups: int, splits: list[str], replay_groups: int, split: TaskSplit | None = None
 ) -> list[Arm]:
     """Every named arm: silo, the L/E splits, the off-policy arms and, given a task split, the specialist
-    arms. ``silo-L`` arms are made on request (``select_arms``), for any L."""
+    arms. ``silo-L`` arms, for any L, and silo-matched are made on request (``select_arms``)."""
     arms = [
         silo_arm(groups, SILO),
         *(split_arm(groups, s) for s in splits),
@@ -164,10 +182,11 @@ def build_arms(
 
 
 def select_arms(names: list[str] | None, arms: list[Arm]) -> list[Arm]:
-    """The arms ``names`` asks for, in its order (None: every arm of ``arms``); ``silo-L`` for any L."""
+    """The arms ``names`` asks for, in its order (None: every arm of ``arms``); ``silo-L`` for any L, and
+    silo-matched."""
     if names is None:
         return arms
-    known = {a.name: a for a in arms}
+    known = {a.name: a for a in arms} | {MATCHED: matched_arm()}
     unknown = [n for n in names if n not in known and not _SILO_L.fullmatch(n)]
     if unknown:
         hint = "" if any(a.split for a in arms) else " (the specialist arms need --specialise A B)"

@@ -20,6 +20,29 @@ arm's nodes, and d_s = arm_s - baseline_s over the seeds both arms have. "Above 
 interval of d above 0; "equivalent" is Schuirmann's TOST at 5% per side (its 90% interval inside
 (-margin, +margin)); "non-inferior" is the 95% interval's lower end above -margin.
 
+E2's control, silo-matched (fixed 2026-11-29, after E2's other arms and before any silo-matched part). 2/2
+trained on ~1.55x the informative groups of silo-4 a round (2.93 against 1.86, 433 tokens against 282), so
+E2 did not compare the arms at one training batch. silo-matched is a silo node that samples more questions
+and trains on at most a few informative ones (``arms.matched_arm``, ``train.max_groups``), so that its groups
+kept and tokens trained a round match 2/2's. Comparison: 2/2 - silo-matched in probe area, paired by seed,
+8 seeds (``E2_SEEDS``), margin ``E2_AREA_MARGIN``. Verdicts: "better learning per trained token" (95%
+interval above 0: peer groups teach more than as many informative own groups), "same learning per trained
+token" (TOST-equivalent: E2's gain is the extra signal, which a silo node also buys by sampling more),
+"worse learning per trained token" (below 0), else "learning per trained token inconclusive". Second,
+silo-matched - silo-4 (what more informative own groups give a silo node): "more informative groups help
+a silo node" (above 0), "... do not help a silo node here" (equivalent), "... hurt a silo node" (below 0),
+else "... inconclusive". Match check, on groups kept alone (never the probe): silo-matched's groups kept a
+round, mean over its seeds, within ``E2_MATCH_TOLERANCE`` of 2/2's; outside it there is no verdict on
+learning per trained token. It is checked after silo-matched's first seed: outside the tolerance, the
+question count moves by one (``arms.MATCHED_QUESTIONS``), that seed runs again, and docs/sharing.md says so.
+
+Compute, read for every arm (estimates with paired intervals, no verdict): the probe area against
+cumulative compute instead of rounds, over the first ``COMPUTE_SPANS`` of it (tokens sampled, tokens
+trained, node seconds), each span just below the least any E2 node spent in 40 rounds, so every node's
+curve covers it. "Node seconds" are the wall seconds of a node's rounds (``seconds_total``), the closest
+recorded measure to its CPU seconds: rounds record no CPU time, a swarm node's include its wait for peers'
+groups, and 4 nodes share 2 cores.
+
 The margins, in pass@1 (chosen from the noise of the measurement and the size of an effect that would
 change a default): a seed's mean over 4 nodes of 500 held-out questions per task has a binomial sd of
 ~0.01 at pass@1 0.25, and 40 solo rounds raised easy arithmetic's held-out pass@1 by 0.08
@@ -35,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks.harness.stats import Equivalence, Interval, equivalence, paired
-from benchmarks.sharing.arms import silo_name
+from benchmarks.sharing.arms import MATCHED, silo_name
 
 E1_TRANSFER_MARGIN = (
     0.03  # E1 primary: |spec-2/2 - spec-silo| on the never-sampled task below it = no transfer
@@ -48,7 +71,11 @@ E2_SEEDS = 8
 # spec-2/2 run with offpolicy.peer_defence=none (docs/sharing.md): what the default defence costs
 E1_UNDEFENDED = "spec-2/2 undefended"
 E1_ARMS = ("spec-silo", "spec-2/2", E1_UNDEFENDED, "generalist-silo")
-E2_ARMS = ("silo-4", "silo-2", "2/2")
+E2_MATCHED = MATCHED  # E2's control: 2/2's groups kept and tokens trained, no peers
+E2_ARMS = ("silo-4", "silo-2", "2/2", E2_MATCHED)
+E2_MATCH_TOLERANCE = 0.10  # silo-matched's groups kept a round within +-10% of 2/2's, or no control verdict
+# the probe area against compute covers the first this much of it (a round field of the summaries -> span)
+COMPUTE_SPANS = {"sampled_tokens": 10_000, "train_tokens": 5_000, "seconds_total": 600.0}
 
 # a node's tasks by role: those it samples (weight > 0), those it never samples (weight 0), all of its mix
 ROLES = {
@@ -207,3 +234,65 @@ def e2_verdicts(share: Comparison, batch: Comparison) -> list[str]:
     if batch.equivalent:
         held.append("batch size irrelevant")
     return held or ["inconclusive"]
+
+
+def e2_control_comparisons(arms: dict[str, dict[int, dict]]) -> tuple[Comparison, Comparison]:
+    """2/2 - silo-matched (what peer groups teach beyond their number) and silo-matched - silo-4 (what
+    more informative own groups give a silo node), both in probe area."""
+    value = area("all")
+    return (
+        compare(arms, "2/2", E2_MATCHED, value, E2_AREA_MARGIN),
+        compare(arms, E2_MATCHED, "silo-4", value, E2_AREA_MARGIN),
+    )
+
+
+def groups_kept(node: dict) -> float:
+    """A node's informative groups trained a round, mean over its rounds (nan: not recorded)."""
+    return _mean([v for v in node["rounds"].get("groups_kept", []) if v is not None])
+
+
+@dataclass(frozen=True)
+class Match:
+    """silo-matched's groups kept a round against 2/2's, each the mean over its seeds."""
+
+    swarm: float
+    matched: float
+
+    @property
+    def ratio(self) -> float:
+        return self.matched / self.swarm if self.swarm else float("nan")
+
+    @property
+    def holds(self) -> bool:
+        return abs(self.ratio - 1) <= E2_MATCH_TOLERANCE
+
+
+def e2_match(arms: dict[str, dict[int, dict]]) -> Match:
+    def mean_kept(arm: str) -> float:
+        return _mean(list(per_seed(arms.get(arm, {}), groups_kept).values()))
+
+    return Match(mean_kept("2/2"), mean_kept(E2_MATCHED))
+
+
+def e2_control_verdicts(match: Match, text: Comparison, signal: Comparison) -> list[str]:
+    """The control's rules (module docstring): ``text`` is 2/2 - silo-matched, ``signal`` silo-matched -
+    silo-4; learning per trained token first (none unless the match holds), then more own groups."""
+    if not match.holds:
+        first = f"not matched (groups kept outside ±{E2_MATCH_TOLERANCE:.0%} of 2/2's): no verdict"
+    elif text.above_zero:
+        first = "better learning per trained token"
+    elif text.below_zero:
+        first = "worse learning per trained token"
+    elif text.equivalent:
+        first = "same learning per trained token"
+    else:
+        first = "learning per trained token inconclusive"
+    if signal.above_zero:
+        second = "more informative groups help a silo node"
+    elif signal.below_zero:
+        second = "more informative groups hurt a silo node"
+    elif signal.equivalent:
+        second = "more informative groups do not help a silo node here"
+    else:
+        second = "more informative groups for a silo node inconclusive"
+    return [first, second]

@@ -1,6 +1,7 @@
 """The report of the sharing experiments E1 and E2 (``benchmarks.sharing_report``), built from the committed
 per-(arm, seed) summaries of ``benchmarks.sapo_table`` alone: the pre-stated comparisons and verdicts of
-``experiments``, per-task tables, the probe curves as plots, and the commands that made the summaries.
+``experiments``, what each arm spent (``compute``), per-task tables, the probe curves as plots (by round,
+and for E2 by compute), and the commands that made the summaries.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness.stats import interval, t_quantile
-from benchmarks.sharing import experiments
+from benchmarks.sharing import compute, experiments
 from benchmarks.sharing.sapo_report import load_summaries, show
 
 BLOCKS = {  # experiment -> the markers its generated block sits between in the report
@@ -173,10 +174,28 @@ def footer(parts: list[dict], plot_name: str) -> list[str]:
 RULES = "benchmarks/sharing/experiments.py"  # where the margins and verdict rules are written down
 
 
+SPEND = (
+    "What each arm spent, a round (mean over seeds of the mean over a seed's nodes and rounds, ± the "
+    "half-width of its 95% interval). Groups kept are the informative groups trained on (zero-advantage "
+    "groups never train). Node seconds are the wall seconds of a node's rounds, probes excluded: the closest "
+    "recorded measure to CPU seconds (rounds record no CPU time, a swarm node's include its wait for peers' "
+    "groups, and the 4 nodes of a part share 2 cores). Node CPU seconds are the part's node processes' CPU "
+    "time over its nodes and rounds, start-up and probes included, in the summaries that record it "
+    "(`nodes_cpu_s`, from 2026-11-29):"
+)
+
+
 def report_body(
-    parts: list[dict], arm_names, verdict: str, comparisons: list[str], per_arm: str, metrics
+    parts: list[dict],
+    arm_names,
+    verdict: str,
+    comparisons: list[str],
+    per_arm: str,
+    metrics,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """One experiment's report: what ran, the verdict, its comparisons, per-arm and per-task tables."""
+    """One experiment's report: what ran, the verdict, its comparisons, per-arm tables (what each arm
+    reached, what it spent, then ``extra``) and per-task tables."""
     arms = experiments.by_arm(parts)
     return [
         *header(parts, arm_names),
@@ -191,6 +210,11 @@ def report_body(
         "",
         *arm_table(arms, arm_names, metrics),
         "",
+        SPEND,
+        "",
+        *compute.spend_table(arms, arm_names),
+        "",
+        *extra,
         "Per task:",
         "",
         *task_table(arms, arm_names),
@@ -267,9 +291,50 @@ def e2_report(parts: list[dict], plot_name: str) -> str:
         + ", ".join(f"**{v}**" for v in verdicts)
         + "."
     )
+    comparisons += ["", *e2_control(arms)]
     per_arm = "; probe area = mean probe pass@1 over the rounds (trapezoids from round 0 to the last)"
-    body = report_body(parts, experiments.E2_ARMS, verdict, comparisons, per_arm, metrics)
+    extra = e2_compute(arms)
+    body = report_body(parts, experiments.E2_ARMS, verdict, comparisons, per_arm, metrics, extra)
     return "\n".join([*body, *footer(parts, plot_name)])
+
+
+def e2_control(arms: dict[str, dict[int, dict]]) -> list[str]:
+    """E2's control: 2/2 - silo-matched and silo-matched - silo-4, by the rules fixed before its runs."""
+    rules = f"rules and margin ±{experiments.E2_AREA_MARGIN} fixed before its runs: `{RULES}`"
+    if experiments.E2_MATCHED not in arms:
+        return [f"**E2's control, {experiments.E2_MATCHED}** ({rules}): no summaries yet."]
+    match = experiments.e2_match(arms)
+    text, signal = experiments.e2_control_comparisons(arms)
+    verdicts = experiments.e2_control_verdicts(match, text, signal)
+    holds = "holds" if match.holds else "does not hold"
+    return [
+        f"{verdict_label(text, experiments.E2_SEEDS)} on E2's control, {experiments.E2_MATCHED} ({rules}): "
+        + "; ".join(f"**{v}**" for v in verdicts)
+        + ".",
+        "",
+        f"- Match: {experiments.E2_MATCHED} kept {match.matched:.2f} groups a round, 2/2 {match.swarm:.2f} "
+        f"({match.ratio - 1:+.1%}; the match {holds} within ±{experiments.E2_MATCH_TOLERANCE:.0%}).",
+        show_comparison(text, "probe area at 2/2's groups kept and tokens trained"),
+        show_comparison(signal, "probe area, more informative own groups"),
+    ]
+
+
+def e2_compute(arms: dict[str, dict[int, dict]]) -> tuple[str, ...]:
+    """Probe area against compute, per arm and 2/2 against the silo arms: estimates, not verdicts."""
+    return (
+        "Probe area against compute: the mean probe pass@1 over the first span of each measure instead of "
+        "over the rounds, so the arms compare at equal compute (spans in `experiments.COMPUTE_SPANS`, each "
+        "below the least any E2 node spent in 40 rounds; n/a: the nodes' records stop short of it). No rule "
+        "was fixed for these before silo-4, silo-2 and 2/2 ran, so they are estimates, not verdicts:",
+        "",
+        *compute.area_table(arms, experiments.E2_ARMS),
+        "",
+        *(
+            show_comparison(c, what)
+            for what, c in compute.compute_comparisons(arms, ("silo-4", experiments.E2_MATCHED))
+        ),
+        "",
+    )
 
 
 def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[float], list[float]]:
@@ -287,33 +352,45 @@ def seed_curves(seeds: dict[int, dict], role: str) -> tuple[list[int], list[floa
     return rounds, [iv.mean for iv in intervals], [iv.half for iv in intervals]
 
 
-def plot_probe(
-    arms: dict[str, dict[int, dict]], panels: list[tuple[str, list[tuple[str, str]]]], path: Path
-) -> None:
-    """One panel per (title, [(arm, role)]): probe pass@1 per round, mean over seeds, 95% band (cut to
-    pass@1's range [0, 1]: with few seeds the t interval spans more than the metric can)."""
+Panel = tuple[str, list[tuple[str, str]], str | None]  # title, [(arm, role)], a compute field or None
+
+
+def plot_probe(arms: dict[str, dict[int, dict]], panels: list[Panel], path: Path) -> None:
+    """One panel per (title, [(arm, role)], field), two to a row: probe pass@1 per round, mean over seeds,
+    95% band (cut to pass@1's range [0, 1]: with few seeds the t interval spans more than the metric can);
+    with a compute ``field``, against its mean cumulative spend instead, the span read marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
-    for ax, (title, lines) in zip(axes[0], panels, strict=True):
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    for ax, (title, lines, field) in zip(axes.flat, panels, strict=False):
         for name, role in lines:
             if name not in arms:
                 continue
-            rounds, mean, half = seed_curves(arms[name], role)
             label = f"{name} ({len(arms[name])} seeds)" + (f", {ROLE_WORDS[role]}" if role != "all" else "")
+            if field is not None:
+                ax.plot(*compute.seed_compute_curves(arms[name], role, field), marker="o", markersize=3,
+                        label=label)  # fmt: skip
+                continue
+            rounds, mean, half = seed_curves(arms[name], role)
             (line,) = ax.plot(rounds, mean, marker="o", markersize=3, label=label)
             if len(arms[name]) > 1:
                 lo = [max(0.0, m - h) for m, h in zip(mean, half, strict=True)]
                 hi = [min(1.0, m + h) for m, h in zip(mean, half, strict=True)]
                 ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.15)
+        if field is not None:
+            ax.axvline(experiments.COMPUTE_SPANS[field], color="grey", linestyle=":", label="span read")
         ax.set_title(title)
-        ax.set_xlabel("round")
+        ax.set_xlabel("round" if field is None else f"{compute.COMPUTE_WORDS[field]}, cumulative")
         ax.set_ylabel("probe pass@1 (greedy)")
         ax.grid(alpha=0.3)
         ax.legend()
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -324,16 +401,19 @@ def plot_e1(parts: list[dict], path: Path) -> None:
         specialists = ("spec-silo", "spec-2/2", experiments.E1_UNDEFENDED)
         return [(name, role) for name in specialists] + [("generalist-silo", "all")]
 
-    panels = [("the task a node never samples", lines("unsampled")), ("the node's own task", lines("own"))]
+    panels: list[Panel] = [
+        ("the task a node never samples", lines("unsampled"), None),
+        ("the node's own task", lines("own"), None),
+    ]
     plot_probe(experiments.by_arm(parts), panels, path)
 
 
 def plot_e2(parts: list[dict], path: Path) -> None:
-    plot_probe(
-        experiments.by_arm(parts),
-        [("mean over tasks", [(name, "all") for name in experiments.E2_ARMS])],
-        path,
-    )
+    """Probe pass@1 against rounds, and against each compute measure (mean over tasks)."""
+    lines = [(name, "all") for name in experiments.E2_ARMS]
+    panels: list[Panel] = [("mean over tasks, by round", lines, None)]
+    panels += [(f"by {compute.COMPUTE_WORDS[f]}", lines, f) for f in experiments.COMPUTE_SPANS]
+    plot_probe(experiments.by_arm(parts), panels, path)
 
 
 EXPERIMENTS = {"e1": (e1_report, plot_e1), "e2": (e2_report, plot_e2)}

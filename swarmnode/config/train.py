@@ -29,6 +29,15 @@ class TrainConfig(Strict):
     updates_per_round: int = Field(
         1, gt=0, description="Optimizer steps per round over the same batch (ReMix's update-to-data ratio m)."
     )
+    max_groups: int | None = Field(
+        None,
+        gt=0,
+        description="Train on at most this many informative groups (nonzero advantage) a round, the first "
+        "in batch order: own groups in sampling order, then peer, then replayed; the others only feed the "
+        "span gate's floors, like zero-advantage groups. Lets a node sample more questions than it trains "
+        "on: a silo node matched to a swarm node's trained groups (docs/sharing.md, silo-matched). "
+        "None = no cap.",
+    )
     token_budget: int = Field(
         2048,
         gt=0,

@@ -1,11 +1,17 @@
-"""The arms of the SAPO table and #28's experiments: silo with any group count, and specialists whose
-per-node task weights reach the node as one whole mix, the same fingerprint on every node."""
+"""The arms of the SAPO table and #28's experiments: silo with any group count, E2's silo-matched control
+(its settings the ones E2's summaries call for), and specialists whose per-node task weights reach the node
+as one whole mix, the same fingerprint on every node."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from benchmarks.sharing import matching
 from benchmarks.sharing.arms import (
+    MATCHED_MAX_GROUPS,
+    MATCHED_QUESTIONS,
     TaskSplit,
     build_arms,
     parse_split,
@@ -13,6 +19,8 @@ from benchmarks.sharing.arms import (
     silo_name,
     specialist_arms,
 )
+from benchmarks.sharing.experiments import by_arm
+from benchmarks.sharing.report import load_experiment
 from swarmnode.config import load_config, parse_override
 
 EASY = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"]}
@@ -38,6 +46,30 @@ def test_silo_takes_any_group_count_and_the_plain_name_keeps_its_meaning():
         and silo_name("silo-2", 2) == "silo-2"
         and silo_name("2/2", 2) == "2/2"
     )
+
+
+def test_silo_matched_samples_more_questions_than_it_trains_on_and_is_made_on_request():
+    arms = build_arms(4, ["2/2"], replay_groups=2)
+    assert "silo-matched" not in [a.name for a in arms]  # not in a default run of every arm
+    (arm,) = select_arms(["silo-matched"], arms)
+    assert (arm.name, arm.table, arm.peer, arm.swarm) == ("silo-matched", "sharing", 0, False)
+    # what sapo_table hands every node of the arm: its question count and its sets
+    cfg = node_config([f"sampling.questions_per_round={arm.local}", *arm.node_sets(0, 4)])
+    assert (cfg.sampling.questions_per_round, cfg.train.max_groups) == (7, 4)
+    assert arm.what == "7 local groups, at most 4 informative ones trained"
+
+
+def test_silo_matched_is_the_question_count_nearest_2_2s_groups_kept_in_e2s_summaries():
+    """The model behind the choice, on the committed summaries (docs/sharing/e2): 2/2 kept 2.93 groups a
+    round; under a cap of 4, 7 questions keep an expected 2.83; a cap of 3 needs about twice the questions."""
+    root = Path(__file__).resolve().parents[2] / "docs" / "sharing"
+    arms = by_arm(load_experiment("e2", root))
+    assert matching.nearest_count(arms, MATCHED_MAX_GROUPS, 40) == MATCHED_QUESTIONS
+    shares, rho = matching.informative_share(arms, 40), matching.overdispersion(arms, 40)
+    assert matching.expected_kept(shares, MATCHED_QUESTIONS, MATCHED_MAX_GROUPS, rho) == pytest.approx(
+        2.83, abs=0.01
+    )
+    assert matching.expected_kept(shares, 8, 3, rho) < 2.6  # 8 questions under a cap of 3 keep too few
 
 
 def test_an_unknown_arm_is_refused_with_the_choices_and_the_specialist_hint():

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from scipy.stats import t as student_t
 
 from benchmarks.harness.stats import Interval
+from benchmarks.sapo_table import children_cpu_s
 from benchmarks.sharing.sapo_report import (
     BEGIN,
     END,
@@ -175,3 +178,10 @@ def test_parts_with_a_summary_are_skipped_unless_fresh(tmp_path):
     assert pending(["silo", "2/2"], [0, 1], tmp_path, fresh=False) == [("silo", 0), ("silo", 1), ("2/2", 1)]
     everything = pending(["silo", "2/2"], [0, 1], tmp_path, fresh=True)
     assert everything == [("silo", 0), ("silo", 1), ("2/2", 0), ("2/2", 1)]
+
+
+def test_a_parts_cpu_time_counts_the_children_that_ended():
+    """What a summary's ``nodes_cpu_s`` is made of: the CPU time of child processes once waited for."""
+    before = children_cpu_s()
+    subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+    assert children_cpu_s() > before

@@ -1,6 +1,7 @@
-"""#28's pre-stated rules on constructed summaries: every E1 and E2 verdict can be reached, the paired
-intervals are scipy's on the per-seed means, and the area under a probe curve is the hand-computed one.
-The report and its plots are built from summaries on disk. No model runs."""
+"""#28's pre-stated rules on constructed summaries: every E1 and E2 verdict can be reached, E2's control
+(silo-matched) included, the paired intervals are scipy's on the per-seed means, and the area under a probe
+curve, by round or by compute spent, is the hand-computed one. The report and its plots are built from
+summaries on disk. No model runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 from scipy import stats as scipy_stats
 
-from benchmarks.sharing import experiments
+from benchmarks.sharing import compute, experiments
 from benchmarks.sharing.report import (
     BLOCKS,
     EXPERIMENTS,
@@ -17,7 +18,7 @@ from benchmarks.sharing.report import (
     seed_curves,
     time_spent,
 )
-from benchmarks.sharing.sapo_report import dump, summary_path, write_report
+from benchmarks.sharing.sapo_report import dump, load_summaries, summary_path, write_report
 
 A, B = "basic_arithmetic", "propositional_logic"
 SEEDS = range(6)
@@ -206,6 +207,76 @@ def undefended(transfer: list[float]) -> dict[int, dict]:
     return parts
 
 
+def spending(seeds: dict[int, dict], kept: float, rounds: int = 10) -> dict[int, dict]:
+    """``seeds`` with every node keeping ``kept`` groups a round, and spending in its 10 rounds just what
+    the compute spans read (1,000 tokens sampled, 500 trained, 60 s a round)."""
+    for part in seeds.values():
+        for record in part["nodes"]:
+            record["rounds"] = {
+                "groups_local": [part["local"]] * rounds, "groups_peer": [part["peer"]] * rounds,
+                "groups_kept": [kept] * rounds, "train_tokens": [500] * rounds,
+                "sampled_tokens": [1000] * rounds, "seconds_total": [60.0] * rounds,
+            }  # fmt: skip
+    return seeds
+
+
+def control(text: list[float], signal: list[float], kept: float = 2.9) -> dict[str, dict[int, dict]]:
+    """silo-4 at 0.20 +- seed luck, silo-matched ``signal`` above it and 2/2 ``text`` above silo-matched,
+    seed by seed; 2/2 keeps 2.93 groups a round, silo-matched ``kept``."""
+    base = [0.20 + 0.03 * (s % 3) for s in SEEDS]
+    matched = [b + d for b, d in zip(base, signal, strict=True)]
+    swarm = [m + d for m, d in zip(matched, text, strict=True)]
+    return {
+        "silo-4": spending(flat_arm("silo-4", base), 1.86),
+        "silo-matched": spending(flat_arm("silo-matched", matched, local=7), kept),
+        "2/2": spending(flat_arm("2/2", swarm, local=2, peer=2), 2.93),
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "signal", "kept", "verdicts"),
+    [
+        (offset(0.05), offset(0.05), 2.9,
+         ["better learning per trained token", "more informative groups help a silo node"]),
+        (offset(0.0), NOISE, 2.9,
+         ["same learning per trained token", "more informative groups for a silo node inconclusive"]),
+        (offset(-0.05), offset(0.0), 2.9,
+         ["worse learning per trained token", "more informative groups do not help a silo node here"]),
+        (NOISE, offset(-0.05), 2.9,
+         ["learning per trained token inconclusive", "more informative groups hurt a silo node"]),
+        # 2.5 against 2.93 is 15% short: the control did not match, so nothing is said of peers' text
+        (offset(0.05), offset(0.0), 2.5,
+         ["not matched (groups kept outside ±10% of 2/2's): no verdict",
+          "more informative groups do not help a silo node here"]),
+    ],
+)  # fmt: skip
+def test_every_control_verdict_is_reachable(text, signal, kept, verdicts):
+    arms = control(text, signal, kept)
+    match = experiments.e2_match(arms)
+    assert (match.swarm, match.matched) == pytest.approx((2.93, kept))
+    assert experiments.e2_control_verdicts(match, *experiments.e2_control_comparisons(arms)) == verdicts
+
+
+def test_the_probe_against_compute_reads_the_probe_after_round_r_at_what_rounds_1_to_r_spent():
+    record = node(0, {A: 1.0}, {A: 0.3}, [(0, 0.1), (2, 0.3), (4, 0.5)])
+    record["rounds"] = {"train_tokens": [100, 300, 200, 200]}
+    curve = compute.compute_curve(record, [A], "train_tokens")
+    assert curve == [(0, 0.1), (400, 0.3), (800, 0.5)]
+    # the first 600: 400 x (.1 + .3) / 2 = 80, then 200 x (.3 + .4) / 2 = 70, the last piece interpolated
+    assert compute.area_within(curve, 600) == pytest.approx(150 / 600)
+    assert compute.area_within(curve, 800) == pytest.approx(experiments.probe_area([(0, 0.1), (8, 0.5)]))
+    assert compute.area_within(curve, 900) != compute.area_within(curve, 900)  # stops short: nan
+    record["rounds"]["train_tokens"][1] = None  # an older summary without the field
+    assert compute.compute_curve(record, [A], "train_tokens") == []
+
+
+def test_a_parts_cpu_seconds_are_shared_over_its_nodes_and_rounds_where_recorded():
+    part = summary("silo-4", 0, [node(i, {A: 1.0}, {A: 0.3}, []) for i in range(2)], local=4, peer=0)
+    assert compute.cpu_per_node_round(part) != compute.cpu_per_node_round(part)  # not recorded: nan
+    part["nodes_cpu_s"] = 800.0
+    assert compute.cpu_per_node_round(part) == 40.0  # 2 nodes x 10 rounds
+
+
 @pytest.mark.parametrize("experiment", ["e1", "e2"])
 def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, experiment):
     folders = {"e1": e1(offset(0.06), offset(0.0)), "e1-undefended": {"spec-2/2": undefended(offset(0.09))}}
@@ -239,7 +310,40 @@ def test_the_report_and_its_plot_are_built_from_summaries_on_disk(tmp_path, expe
             and "**Verdict**" not in text
         )
         assert "| silo-2 | basic_arithmetic | that sample it |" in text
+        assert "**E2's control, silo-matched** (rules and margin ±0.02 fixed before its runs" in text
+        assert "| silo-4 | 6 | not recorded | not recorded |" in text  # no rounds in these summaries
+        assert "| silo-4 | 6 | 0.230 ± 0.028 | n/a | n/a | n/a |" in text
     assert f"python -m benchmarks.sapo_table --arms {next(iter(folders[experiment]))} --seeds 5" in text
+
+
+def test_the_report_sets_the_control_against_2_2_and_shows_what_each_arm_spent(tmp_path):
+    for seeds in control(offset(0.05), offset(0.05)).values():
+        for part in seeds.values():
+            summary_path(tmp_path, part["arm"], part["seed"]).write_text(dump(part))
+    text = EXPERIMENTS["e2"][0](load_summaries(tmp_path), "plot.png")
+    assert (
+        "**Interim verdict, 6 of the 8 seeds the design fixes** on E2's control, silo-matched (rules" in text
+        and "**better learning per trained token**; **more informative groups help a silo node**." in text
+    )
+    assert (
+        "- Match: silo-matched kept 2.90 groups a round, 2/2 2.93 (-1.0%; the match holds within ±10%)."
+        in text
+    )
+    assert "- **2/2 - silo-matched**, probe area at 2/2's groups kept and tokens trained: +0.050" in text
+    # groups kept per 1,000 sampled: 2.93 / 1,000 a round; the rest as recorded, the same every seed
+    assert (
+        "| 2/2 | 6 | 2 + 2.00 | 2.93 ± 0.00 | 500 ± 0 | 1000 ± 0 | 60.0 ± 0.0 | 2.93 ± 0.00 | not recorded |"
+        in text
+    )
+    assert "| silo-matched | 6 | 7 | 2.90 ± 0.00 |" in text
+    # the probes are flat, so against compute they read as against rounds
+    assert (
+        "- **2/2 - silo-matched**, probe area over the first 5,000 tokens trained: +0.050 over 6 seeds"
+        in text
+    )
+    make_plot = EXPERIMENTS["e2"][1]
+    make_plot(load_summaries(tmp_path), tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_time_line_adds_evaluation_cpu_time_of_the_parts_that_record_it():
