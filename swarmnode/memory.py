@@ -91,7 +91,7 @@ def describe(est: MemoryEstimate, model_cfg: ModelConfig, train: TrainConfig, av
         f"memory: ~{est.total / gib:.1f} GiB at peak (weights {est.weights / gib:.2f}, gradients and AdamW "
         f"{est.training_state / gib:.2f}, activations of a {train.token_budget}-token micro-batch "
         f"{est.activations / gib:.2f}{' (checkpointed)' if est.checkpointed else ''}, "
-        f"{f', frozen copies {est.frozen / gib:.2f}' if est.frozen else ''}, runtime {est.runtime / gib:.2f})"
+        f"{f'frozen copies {est.frozen / gib:.2f}, ' if est.frozen else ''}runtime {est.runtime / gib:.2f})"
     )
     if available is None:
         return line
