@@ -172,6 +172,15 @@ class Comparison:
     def non_inferior(self) -> bool:
         return self.diff.n >= 2 and self.diff.lo > -self.margin
 
+    def verdict(self, above: str, below: str, equivalent: str, inconclusive: str) -> str:
+        """The first of the rules' outcomes that holds: above zero, below zero, equivalent, else
+        inconclusive."""
+        if self.above_zero:
+            return above
+        if self.below_zero:
+            return below
+        return equivalent if self.equivalent else inconclusive
+
 
 def compare(
     arms: dict[str, dict[int, dict]], arm: str, baseline: str, value: NodeValue, margin: float
@@ -196,14 +205,10 @@ def e1_comparisons(
 def e1_verdicts(transfer: Comparison, own: Comparison) -> list[str]:
     """The rules of the module docstring, in order: what sharing did to the task a node never samples,
     then to its own."""
-    if transfer.above_zero:
-        first = "peers teach the unsampled task"
-    elif transfer.below_zero:
-        first = "sharing hurts the unsampled task"
-    elif transfer.equivalent:
-        first = "no transfer"
-    else:
-        first = "transfer inconclusive"
+    first = transfer.verdict(
+        "peers teach the unsampled task", "sharing hurts the unsampled task", "no transfer",
+        "transfer inconclusive",
+    )  # fmt: skip
     second = "own task non-inferior" if own.non_inferior else "own task not shown non-inferior"
     return [first, second]
 
@@ -279,20 +284,14 @@ def e2_control_verdicts(match: Match, text: Comparison, signal: Comparison) -> l
     silo-4; learning per trained token first (none unless the match holds), then more own groups."""
     if not match.holds:
         first = f"not matched (groups kept outside ±{E2_MATCH_TOLERANCE:.0%} of 2/2's): no verdict"
-    elif text.above_zero:
-        first = "better learning per trained token"
-    elif text.below_zero:
-        first = "worse learning per trained token"
-    elif text.equivalent:
-        first = "same learning per trained token"
     else:
-        first = "learning per trained token inconclusive"
-    if signal.above_zero:
-        second = "more informative groups help a silo node"
-    elif signal.below_zero:
-        second = "more informative groups hurt a silo node"
-    elif signal.equivalent:
-        second = "more informative groups do not help a silo node here"
-    else:
-        second = "more informative groups for a silo node inconclusive"
+        first = text.verdict(
+            "better learning per trained token", "worse learning per trained token",
+            "same learning per trained token", "learning per trained token inconclusive",
+        )  # fmt: skip
+    second = signal.verdict(
+        "more informative groups help a silo node", "more informative groups hurt a silo node",
+        "more informative groups do not help a silo node here",
+        "more informative groups for a silo node inconclusive",
+    )  # fmt: skip
     return [first, second]
