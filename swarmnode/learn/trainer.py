@@ -280,10 +280,17 @@ class Trainer:
     ) -> dict[str, SpanGate]:
         """The step's window gates by kind (none without a span or drift defence), fed the floor-only
         sequences' windows when there is peer data to judge (without, the pass would be spent for
-        nothing)."""
-        kinds = WINDOW_GATES.get(self.offpolicy.peer_defence, {})
+        nothing). The drift gate only runs with peer data: its base-model pass over the step costs a
+        forward pass, which a solo round would spend for nothing (its ceilings are not carried from such
+        a step; the likelihood floors, read off log-probs the step has anyway, are)."""
+        peers = not all(trusted for _, trusted, _ in batches)
+        kinds = {
+            k: w
+            for k, w in WINDOW_GATES.get(self.offpolicy.peer_defence, {}).items()
+            if peers or k != "drift"
+        }
         gates = {k: SpanGate.of_kind(k, w, self.span_floors.get(k)) for k, w in kinds.items()}
-        if gates and floor_only and not all(trusted for _, trusted, _ in batches):
+        if gates and floor_only and peers:
             own = self._batches(floor_only)
             base = self._base_logprobs(own, gates)
             current = self._frozen_logprobs(self.model, own)

@@ -385,3 +385,15 @@ def test_the_trainer_keeps_the_starting_weights_for_the_drift_gate_and_only_for_
     assert not any(p.requires_grad for p in trainer.base_model.parameters())
     plain = Trainer(policy.model, 0, TRAIN, offpolicy=OffPolicyConfig(peer_defence="span_multiscale"))
     assert plain.base_model is None
+
+
+def test_a_step_without_peer_text_spends_no_base_model_pass(world):
+    """The drift gate's base-model pass is a forward pass over the step: a solo step skips it (no drift
+    ceilings measured), a step with peer text takes it."""
+    _, own, honest, _, _ = world
+    policy = _peaked_policy()
+    trainer = Trainer(policy.model, policy.tokenizer.pad_token_id, TRAIN)  # the default: span_drift
+    trainer.step(own)
+    assert "drift" not in trainer.span_floors and "likelihood" in trainer.span_floors
+    trainer.step([*own, honest])
+    assert set(trainer.span_floors["drift"]) == set(peer_defence.MULTISCALE)
