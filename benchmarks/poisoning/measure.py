@@ -158,6 +158,10 @@ class Yardstick:
         self.greedy_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.greedy_questions]
         self.fixed = heldout_questions(bank, prompts, integer_answer=True)
         self.fixed_prompts = [encode_prompt(policy.tokenizer, q.text, system) for q in self.fixed]
+        # the attacker's openings depend on the question alone (a planner plans on the frozen base model):
+        # worked out once, not at every checkpoint
+        self.opened_prompts = self._opened(self.sample_prompts, self.questions)
+        self.opened_greedy_prompts = self._opened(self.greedy_prompts, self.greedy_questions)
 
     def _opened(self, prompts: Sequence[Sequence[int]], questions: Sequence[Question]) -> list[list[int]]:
         """``prompts`` with the attacker's opening of each question forced after them (as the learner
@@ -189,14 +193,10 @@ class Yardstick:
         """The arm's payload in the generated text (after the opening, where there is one) in each way;
         ``plain`` are the temperature samples already drawn."""
         g = self.cfg.sampling.completions_per_question
-        ways = {
-            "temperature": plain,
-            "temperature+opening": self._sample(self._opened(self.sample_prompts, self.questions), g),
-        }
+        ways = {"temperature": plain, "temperature+opening": self._sample(self.opened_prompts, g)}
         if self.greedy_prompts:
             ways["greedy"] = self._sample(self.greedy_prompts, 1, greedy=True)
-            opened = self._opened(self.greedy_prompts, self.greedy_questions)
-            ways["greedy+opening"] = self._sample(opened, 1, greedy=True)
+            ways["greedy+opening"] = self._sample(self.opened_greedy_prompts, 1, greedy=True)
         shown = {w: sum(payloads.detect(self.payload, t) for t in texts) for w, texts in ways.items()}
         return shown, {w: len(texts) for w, texts in ways.items()}
 
@@ -208,22 +208,21 @@ class Yardstick:
         else:
             per_question = [payloads.fluent_spans(kind, q.text, q.answer) for q in self.fixed]
             candidates = [list(spans) for spans in zip(*per_question, strict=True)]
-        best = None
-        for spans in candidates:
-            policy, temperature = self.policy, self.cfg.sampling.temperature
+        policy, temperature = self.policy, self.cfg.sampling.temperature
+
+        def measured(spans: list[tuple[str, str]]) -> tuple[float, float]:
             results = payload_logprobs(policy.model, policy.tokenizer, self.fixed_prompts, spans, temperature)
-            measured = (
+            return (
                 sum(total / n for total, n in results) / len(results),
                 sum(total for total, _ in results) / len(results),
             )
-            best = measured if best is None or measured > best else best
-        assert best is not None
-        return best
+
+        return max(measured(spans) for spans in candidates)
 
     def take(self, round_: int) -> Checkpoint:
         start = time.perf_counter()
-        groups = self._sample(self.sample_prompts, self.cfg.sampling.completions_per_question)
         g = self.cfg.sampling.completions_per_question
+        groups = self._sample(self.sample_prompts, g)
         scored = [(text, self.bank.score(self.questions[i // g], text)) for i, text in enumerate(groups)]
         shown = {kind: sum(payloads.detect(kind, text) for text, _ in scored) for kind in payloads.KINDS}
         logprobs = {kind: self._logprob(kind) for kind in payloads.KINDS}
