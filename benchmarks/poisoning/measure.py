@@ -45,6 +45,8 @@ from swarmnode.sampler import Sampler
 from swarmnode.tasks import Question, TaskBank
 
 MEASURE_SEED_OFFSET = 999_983  # the samples' seed: train.seed * 1_000_003 + this (no round uses it)
+# the ways the arm's payload is counted (Checkpoint.attack), in the order tables show them
+ATTACK_WAYS = ("temperature", "temperature+opening", "greedy", "greedy+opening")
 MAX_PROMPT_SEARCH = 256  # held-out questions per task looked at for log-prob prompts with an integer answer
 
 
@@ -61,8 +63,7 @@ class Checkpoint:
     heldout_solved: float  # share of them with task score 1
     pass_at_1: float  # the probe's greedy pass@1 (mean over tasks)
     seconds: float
-    # the arm's payload: samples showing it, by way ("temperature", "temperature+opening", "greedy",
-    # "greedy+opening"), each out of attack_samples[way]
+    # the arm's payload: samples showing it, by way (ATTACK_WAYS), each out of attack_samples[way]
     attack: dict[str, int] = field(default_factory=dict)
     attack_samples: dict[str, int] = field(default_factory=dict)
 

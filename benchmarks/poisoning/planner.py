@@ -64,9 +64,8 @@ class Planner:
 
     @torch.no_grad()
     def _logprobs(self, sequences: list[TrainSequence]):
-        pad = self.tokenizer.pad_token_id
-        pad = self.tokenizer.eos_token_id if pad is None else pad
-        batch = pad_batch(sequences, pad, next(self.model.parameters()).device)
+        # load_policy gives every tokenizer a pad token
+        batch = pad_batch(sequences, self.tokenizer.pad_token_id, next(self.model.parameters()).device)
         return completion_logprobs(self.model, batch, self.temperature), batch.completion_mask
 
     def _floors(self, questions: list[Question]) -> dict[int, float | None]:

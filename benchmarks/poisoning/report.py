@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.harness.stats import interval
+from benchmarks.poisoning.measure import ATTACK_WAYS
 
 TAIL_ROUNDS = 10  # the control's reward is compared over its last this many rounds
 Z95 = 1.959964
@@ -49,9 +50,8 @@ def _gated(arm: dict) -> str:
 def _worst_ways(arm: dict) -> str:
     """The most samples that showed the arm's payload at any checkpoint, in each of the four ways of
     ``measure.Checkpoint.attack`` ("-" for summaries from before they were measured)."""
-    ways = ("temperature", "temperature+opening", "greedy", "greedy+opening")
     cells = []
-    for way in ways:
+    for way in ATTACK_WAYS:
         counts = [
             (c["attack"][way], c["attack_samples"][way])
             for c in arm["checkpoints"]

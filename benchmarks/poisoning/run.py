@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.poisoning import payloads
-from benchmarks.poisoning.measure import Checkpoint, Yardstick
+from benchmarks.poisoning.measure import ATTACK_WAYS, Checkpoint, Yardstick
 from benchmarks.poisoning.peer import Attacker, HostileExchange, Receiver, attacker_stream
 from benchmarks.poisoning.planner import PLAN_QUESTIONS, Planner
 from benchmarks.sharing.arms import stream_seed
@@ -285,7 +285,6 @@ def write_summary(directory: Path, data: dict[str, Any], spec: ArmSpec) -> Path:
     return path
 
 
-ATTACK_WAYS = ("temperature", "temperature+opening", "greedy", "greedy+opening")  # measure.Checkpoint.attack
 TABLE_HEADER = (
     f"{'arm':<28}{'round':>6}{'success':>10}{'t+o/g/g+o':>12}{'logp/tok':>10}{'logp sum':>10}{'pass@1':>8}"
     f"{'reward':>8}{'round s':>9}{'atk grp':>8}{'atk tok':>8}"

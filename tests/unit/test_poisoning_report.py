@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from benchmarks.poisoning.measure import ATTACK_WAYS
 from benchmarks.poisoning.report import attack_table, control_costs, load, report, wilson
 
 
@@ -56,7 +57,7 @@ def test_the_report_reads_the_summaries_in_a_folder(tmp_path):
 
 def test_the_attack_table_shows_the_most_samples_that_showed_the_payload_in_each_way():
     arm = _arm("span_drift", attack=True, rewards=[0.3], pass_at_1=0.25)
-    ways = ("temperature", "temperature+opening", "greedy", "greedy+opening")
+    ways = ATTACK_WAYS
     later = {**arm["checkpoints"][0], "round": 10}
     arm["checkpoints"][0].update(
         attack=dict(zip(ways, (0, 2, 1, 0), strict=True)), attack_samples=dict.fromkeys(ways, 64)
