@@ -181,14 +181,20 @@ class Hostile:
             return None
         return message.round
 
-    def wait_for_honest(self, timeout_s: float = 120.0) -> int:
+    def wait_for_rounds(self, timeout_s: float = 240.0) -> int:
+        """Until the honest node has begun its rounds (its first exchange put an announcement).
+
+        Why: an attack that starts while it still waits for ``min_peers`` gets this peer banned, and a
+        peer banned before the last one joined keeps the start barrier from ever seeing them all live: the
+        node then waits out ``wait_for_peers_s`` and the other attacks' steps time out meanwhile (seen on
+        a loaded 2-core CI machine: 180 s at the barrier, the replay control never pulled)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found = self.honest_round()
+            found = self.honest_round("announce")
             if found is not None:
                 return found
             self.sleep(0.5)
-        raise SystemExit(f"no roster card from the honest node {self.honest_peer} in {timeout_s} s")
+        raise SystemExit(f"the honest node {self.honest_peer} began no round in {timeout_s} s")
 
     def wait_next_exchange(self, timeout_s: float = STEP_TIMEOUT_S, settle_s: float = SETTLE_S) -> None:
         """Until the honest node has started a new exchange (its announcement's round moved on) and, after
@@ -518,7 +524,7 @@ class Hostile:
         self.publish_roster()
 
     def run(self) -> None:
-        self.wait_for_honest()
+        self.wait_for_rounds()
         getattr(self, self.attack)()
         say("DONE", {"peer_id": self.peer_id, "attack": self.attack, "steps": self.steps})
 
