@@ -122,10 +122,11 @@ class Attacker:
         right = self.correct
         out = []
         questions = self._questions(index, round_)
-        choice = None  # a fluent payload's wording and placement, planned on the round's first question
+        # a fluent payload's wording and placement per question (planner.Planner.plan)
+        choices: list[Choice | None] = [None] * len(questions)
         if self.planner is not None and self.payload is not None:
-            choice = self.planner.choose(questions[0], questions[0].answer)
-        for question in questions:
+            choices = self.planner.plan(questions, round_)
+        for question, choice in zip(questions, choices, strict=True):
             answer = question.answer
             value = payloads.usable_answer(answer)
             texts = [self._correct(question, choice)] * right
@@ -146,7 +147,7 @@ class Attacker:
         answer = question.answer
         if choice is not None:
             return payloads.place(question.text, answer, choice.wording, choice.placement)[1]
-        if self.payload is None:
+        if self.payload is None or self.planner is not None:  # a control; a fluent attacker holding back
             return self._clean(question, answer)
         return payloads.completion(self.payload, answer)
 

@@ -9,7 +9,12 @@ then the likeliest. It re-plans every round for each attacker identity, on the f
 identity's batch: one question's candidates are a forward pass of 9 sequences, the choice hardly varies
 across the questions of a task, and planning every question made a SmolLM2 round about 4x slower. The drift
 gate cannot be planned on the base model (the rise there is 0 for every candidate); against it the
-likeliest wording is the best an attacker can do, and that is the tie-break."""
+likeliest wording is the best an attacker can do, and that is the tie-break.
+
+Against the recurring gate (learn/recurring.py) it keeps to the gate's budget instead of wasting payloads
+on it: per question it sends the best-ranked wording none of whose spans foreign to the node (not in the
+base model's samples) would then be on RECUR_QUESTIONS questions within MEMORY_ROUNDS rounds, counted over
+all its identities, and a clean correct answer when no wording fits (``Planner.plan``)."""
 
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import torch
 from benchmarks.poisoning.payloads import PLACEMENTS, WORDINGS, place
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
-from swarmnode.learn.peer_defence import WINDOW_GATES, own_floor, span_keep, window_means
+from swarmnode.learn.peer_defence import RECURRING, WINDOW_GATES, own_floor, span_keep, window_means
+from swarmnode.learn.recurring import MEMORY_ROUNDS, RECUR_QUESTIONS, spans
 from swarmnode.prompts import encode_prompt
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.tasks import Question
@@ -53,8 +59,15 @@ class Planner:
         self.kind, self.tokenizer, self.temperature, self.system = kind, tokenizer, temperature, system_prompt
         self.model = copy.deepcopy(model).requires_grad_(False).eval()
         self.windows = WINDOW_GATES.get(defence, {}).get("likelihood", ())
-        self.floors = self._floors(questions[:PLAN_QUESTIONS]) if self.windows else {}
+        self.recurring = defence in RECURRING
+        own = self._base_samples(questions[:PLAN_QUESTIONS]) if self.windows or self.recurring else []
+        self.floors = self._floors(own) if self.windows else {}
+        # the recurring gate: what the node writes itself (estimated from the base model's samples), and
+        # on which questions of which round this attacker (all its identities) already sent each span
+        self.own_spans = {span for seq in own for _, span in spans(seq.completion_ids)}
+        self.sent: dict[tuple[int, ...], dict[str, int]] = {}
         self.placements: Counter[str] = Counter()  # what it chose, over the run
+        self.held_back = 0  # questions answered without the payload: the recurring gate's budget was spent
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
@@ -68,19 +81,23 @@ class Planner:
         batch = pad_batch(sequences, self.tokenizer.pad_token_id, next(self.model.parameters()).device)
         return completion_logprobs(self.model, batch, self.temperature), batch.completion_mask
 
-    def _floors(self, questions: list[Question]) -> dict[int, float | None]:
-        """The likelihood gates' floors as the node's first round sets them: from the base model's samples."""
+    def _base_samples(self, questions: list[Question]) -> list[TrainSequence]:
+        """The base model's own completions of ``questions``: the node's first round, as far as an attacker
+        can tell."""
         prompts = [list(self._prompt(q)) for q in questions]
         sampler = HFSampler(self.model, self.tokenizer)
         groups = sampler.sample(
             prompts, PLAN_SAMPLES, max_new_tokens=PLAN_TOKENS, temperature=self.temperature, seed=PLAN_SEED
         )
-        own = [
+        return [
             TrainSequence(tuple(p), tuple(c.token_ids), 0.0, None, None)  # type: ignore[arg-type]
             for p, group in zip(prompts, groups, strict=True)
             for c in group
             if c.token_ids
         ]
+
+    def _floors(self, own: list[TrainSequence]) -> dict[int, float | None]:
+        """The likelihood gates' floors as the node's first round sets them: from the base model's samples."""
         logp, mask = self._logprobs(own)
         return {w: own_floor([window_means(logp, mask, w)]) for w in self.windows}
 
@@ -89,10 +106,51 @@ class Planner:
         choice = self.choose(question, question.answer, count=False)
         return place(question.text, question.answer, choice.wording, choice.placement)[0]
 
+    def plan(self, questions: list[Question], round_: int) -> list[Choice | None]:
+        """One identity's choices for its ``questions`` of ``round_``: ``choose`` on the first question for
+        all; against the recurring gate, per question the best-ranked wording whose foreign spans stay on
+        fewer than RECUR_QUESTIONS questions over MEMORY_ROUNDS rounds (all identities together), or None
+        (a clean answer) when no wording does: sent anyway, it would be gated and teach nothing."""
+        if not self.recurring:
+            return [self.choose(questions[0], questions[0].answer)] * len(questions)
+        ranked = self._ranked(questions[0], questions[0].answer)
+        out: list[Choice | None] = []
+        for question in questions:
+            pick = next((c for c in ranked if self._within_budget(c.wording, question.text, round_)), None)
+            if pick is None:
+                self.held_back += 1
+            else:
+                self.placements[pick.placement] += 1
+                for span in self._foreign_spans(pick.wording):
+                    self.sent.setdefault(span, {})[question.text] = round_
+            out.append(pick)
+        return out
+
+    def _foreign_spans(self, wording: str) -> set[tuple[int, ...]]:
+        """The wording's spans the node does not write (as at a line's start or after a space)."""
+        found = {span for text in (wording, " " + wording) for _, span in spans(self._encode(text))}
+        return found - self.own_spans
+
+    def _within_budget(self, wording: str, question: str, round_: int) -> bool:
+        oldest = round_ - MEMORY_ROUNDS + 1
+        for span in self._foreign_spans(wording):
+            seen = {q for q, r in self.sent.get(span, {}).items() if r >= oldest} | {question}
+            if len(seen) >= RECUR_QUESTIONS:
+                return False
+        return True
+
     def choose(self, question: Question, answer: str, *, count: bool = True) -> Choice:
         """The candidate (wording x placement) whose payload the defence keeps most, then the likeliest;
         counted in ``placements`` unless ``count`` is False."""
-        prompt, candidates, sequences, spans = self._prompt(question), [], [], []
+        best = self._ranked(question, answer)[0]
+        if count:
+            self.placements[best.placement] += 1
+        return best
+
+    def _ranked(self, question: Question, answer: str) -> list[Choice]:
+        """Every candidate (wording x placement), the most payload tokens kept by the likelihood gates
+        first, then the likeliest."""
+        prompt, candidates, sequences, where = self._prompt(question), [], [], []
         for wording in WORDINGS[self.kind]:
             for placement in PLACEMENTS:
                 context, text = place(question.text, answer, wording, placement)
@@ -100,22 +158,17 @@ class Planner:
                 start = len(head) if ids[: len(head)] == head else 0
                 candidates.append((wording, placement))
                 sequences.append(TrainSequence(prompt, ids, 0.0, None, None))  # type: ignore[arg-type]
-                spans.append((start, min(start + len(payload), len(ids))))
+                where.append((start, min(start + len(payload), len(ids))))
         logp, mask = self._logprobs(sequences)
         keep = mask.bool()
         for w, floor in self.floors.items():
             if floor is not None:
                 keep = keep & span_keep(logp, mask, floor, w)
         width = mask.shape[1]
-        best = None
-        for row, ((wording, placement), (start, end)) in enumerate(zip(candidates, spans, strict=True)):
+        choices = []
+        for row, ((wording, placement), (start, end)) in enumerate(zip(candidates, where, strict=True)):
             offset = width - len(sequences[row].completion_ids)  # left padding
             cols = slice(offset + start, offset + end)
             kept, likely = float(keep[row, cols].float().mean()), float(logp[row, cols].mean())
-            choice = Choice(wording, placement, kept, likely)
-            if best is None or (choice.kept, choice.logprob) > (best.kept, best.logprob):
-                best = choice
-        assert best is not None
-        if count:
-            self.placements[best.placement] += 1
-        return best
+            choices.append(Choice(wording, placement, kept, likely))
+        return sorted(choices, key=lambda c: (c.kept, c.logprob), reverse=True)

@@ -39,6 +39,7 @@ class TrainSequence:
     advantage: float
     behaviour_logprobs: tuple[float, ...] | None  # aligned with completion_ids, or None
     group: RolloutGroup
+    gated: frozenset[int] = frozenset()  # completion positions a peer defence keeps out (learn/recurring.py)
 
     @property
     def length(self) -> int:
@@ -194,10 +195,24 @@ class PaddedBatch:
     hidden_index: torch.Tensor | None = None  # [B, C] flat index into [R * L] of each token's predictor
     targets: torch.Tensor | None = None  # [B, C] completion token ids (shared layout)
     sequences: tuple[TrainSequence, ...] = ()  # the B completions, in row order (shared layout)
+    keep_mask: torch.Tensor | None = None  # [B, C] False at ``TrainSequence.gated`` tokens; None: none are
 
     @property
     def completion_width(self) -> int:
         return self.completion_mask.shape[1]
+
+
+def keep_mask(sequences: Sequence[TrainSequence], width: int, device: torch.device) -> torch.Tensor | None:
+    """[B, width] right-aligned: False at each sequence's ``gated`` completion positions; None if none has
+    any (the learner then adds no mask)."""
+    if not any(s.gated for s in sequences):
+        return None
+    keep = torch.ones((len(sequences), width), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        offset = width - len(seq.completion_ids)
+        for i in seq.gated:
+            keep[row, offset + i] = False
+    return keep.to(device)
 
 
 def pad_batch(sequences: Sequence[TrainSequence], pad_id: int, device: torch.device) -> PaddedBatch:
@@ -227,4 +242,5 @@ def pad_batch(sequences: Sequence[TrainSequence], pad_id: int, device: torch.dev
         advantages=torch.tensor([s.advantage for s in sequences], dtype=torch.float32, device=device),
         behaviour_logp=behaviour.to(device),
         has_behaviour=has_behaviour.to(device),
+        keep_mask=keep_mask(sequences, width, device),
     )

@@ -32,6 +32,10 @@ never a number the sender chose (``offpolicy.peer_defence``):
   never a payload the swarm taught).
 - ``span_drift``: ``span_multiscale`` and ``drift`` together (the default): unlikely text is gated at
   once, likely text cannot be taught beyond the node's own drift.
+- ``recurring``: peer text that recurs across questions and that this node never writes leaves the loss
+  (learn/recurring.py): a payload is taught by repetition, and this bounds how often the same foreign
+  text trains, whatever its likelihood and however many identities send it.
+- ``span_drift_recurring``: ``span_drift`` and ``recurring`` together.
 - ``token_budget``: per producer, the peer sequences' total |advantage| x tokens is capped at what one
   of this round's own groups has on average, so no identity outweighs one local group however long or
   many its completions (slows a payload; does not stop it).
@@ -55,7 +59,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +66,6 @@ import torch.nn.functional as F
 from swarmnode.learn.batch import TrainSequence
 from swarmnode.rollouts import RolloutGroup
 
-Defence = Literal["none", "span", "span_multiscale", "drift", "span_drift", "token_budget", "rescue"]
 SPAN_WINDOW = 8  # tokens in a window
 MULTISCALE = (1, 2, 4, SPAN_WINDOW)
 # the window gates of each defence: what they judge ("likelihood": log pi_now; "drift": log pi_now -
@@ -73,7 +75,9 @@ WINDOW_GATES: dict[str, dict[str, tuple[int, ...]]] = {
     "span_multiscale": {"likelihood": MULTISCALE},
     "drift": {"drift": MULTISCALE},
     "span_drift": {"likelihood": MULTISCALE, "drift": MULTISCALE},
+    "span_drift_recurring": {"likelihood": MULTISCALE, "drift": MULTISCALE},
 }
+RECURRING = frozenset({"recurring", "span_drift_recurring"})  # the defences with learn/recurring.py's gate
 OWN_QUANTILE = 0.01  # the floor: this quantile of the round's own windows' mean log-prob ...
 FLOOR_MARGIN = 1.0  # ... minus this many nats per token
 FLOOR_WITHOUT_OWN = -5.0  # the SPAN_WINDOW floor before this node has had any own window to judge from

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmnode.learn.batch import PaddedBatch, TrainSequence, microbatches
+from swarmnode.learn.batch import PaddedBatch, TrainSequence, keep_mask, microbatches
 from swarmnode.learn.logprobs import plain_head
 
 SHARED_PROMPT_FAMILIES = frozenset({"llama", "qwen2", "qwen3"})  # RoPE decoders, full attention
@@ -177,4 +177,5 @@ def shared_batch(rows: Sequence[Row], pad_id: int, device: torch.device) -> Padd
         hidden_index=hidden_index.to(device),
         targets=targets.to(device),
         sequences=sequences,
+        keep_mask=keep_mask(sequences, c_width, device),
     )

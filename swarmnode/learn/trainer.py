@@ -45,6 +45,7 @@ from swarmnode.learn.offpolicy import (
     ess_lr_scale,
     remix_kl_coef,
 )
+from swarmnode.learn.recurring import RecurringSpans
 from swarmnode.learn.peer_defence import (
     DRIFT_MARGIN,
     DRIFT_QUANTILE,
@@ -52,6 +53,7 @@ from swarmnode.learn.peer_defence import (
     FLOOR_MARGIN,
     FLOOR_WITHOUT_OWN,
     OWN_QUANTILE,
+    RECURRING,
     SPAN_WINDOW,
     WINDOW_GATES,
     needs_base_model,
@@ -78,7 +80,7 @@ class StepStats:
     clip_high_frac: float = 0.0
     grad_norm: float = 0.0
     masked_frac: float = 0.0  # tokens dropped by icepop
-    peer_gated_frac: float = 0.0  # peer completion tokens the span defence kept out (peer_defence.py)
+    peer_gated_frac: float = 0.0  # peer completion tokens the peer defence kept out (peer_defence.py)
     is_weight_mean: float = 1.0  # importance weights at the start of the update
     is_weight_max: float = 1.0
     ess: float = 1.0  # effective sample size of those weights, (sum w)^2 / (n sum w^2)
@@ -241,6 +243,7 @@ class Trainer:
         # each window gate's floors from the last step with own windows, by size: a step without any (no
         # own completion, or none as long as a window) gates peer text with these (SpanGate)
         self.span_floors: dict[str, dict[int, float]] = {}
+        self.recurring = RecurringSpans() if self.offpolicy.peer_defence in RECURRING else None
 
     def _batches(self, sequences: Sequence[TrainSequence]) -> list[tuple[str, bool, PaddedBatch]]:
         """(correction mode, trusted, padded micro-batch); each micro-batch holds one source. Peers' data
@@ -269,6 +272,8 @@ class Trainer:
         ``batch.own_untrained_sequences``); with a span defence and peer data in the step, one no-grad pass
         gives their log-probs, and their windows join the trained own ones in the span gate's floors, so
         the floors do not depend on which own groups happened to score alike."""
+        if self.recurring is not None:  # every round, so its memory holds the node's own text of each
+            sequences = self.recurring.gate(sequences, floor_only)
         if not sequences:
             return StepStats()
         # CPU activations live in glibc's heap (heap.py): mmap the step's mid-sized blocks
@@ -325,12 +330,13 @@ class Trainer:
                 )
                 old = old_logps[i] if old_logps is not None else logp.detach()
                 mask = batch.completion_mask
-                if not trusted:
-                    totals.peer_tokens += float(mask.sum())
+                if batch.keep_mask is not None:  # recurring foreign spans (learn/recurring.py)
+                    mask = mask & batch.keep_mask
                 for kind, gate in gates.items():
                     score = gate_score(kind, old, base_logps[i] if base_logps is not None else None)
                     mask = mask & gate.keep(score, batch.completion_mask, trusted)
-                if gates:
+                if not trusted:
+                    totals.peer_tokens += float(batch.completion_mask.sum())
                     totals.peer_gated += float(batch.completion_mask.sum() - mask.sum())
                 correction = correction_for(
                     mode,
