@@ -24,8 +24,15 @@ class OffPolicyConfig(Strict):
         "none", description="Peers on another tokenizer (no usable log-probs): ratio 1 (SAPO) or LUFFY."
     )
     peer_defence: Literal[
-        "none", "span", "span_multiscale", "drift", "span_drift", "recurring", "span_drift_recurring",
-        "token_budget", "rescue",
+        "none",
+        "span",
+        "span_multiscale",
+        "drift",
+        "span_drift",
+        "recurring",
+        "span_drift_recurring",
+        "token_budget",
+        "rescue",
     ] = Field(
         "span_drift",
         description="What peer text beyond its verified answer may teach, against peers that hide a payload "
@@ -35,8 +42,8 @@ class OffPolicyConfig(Strict):
         "drift = peer tokens in spans whose log-prob rose since the base model more than this node's own "
         "text rose leave the loss (holds fluent payloads; keeps a frozen copy of the starting weights); "
         "span_drift = span_multiscale and drift; "
-        "recurring = peer tokens in spans of 1-4 tokens that peers wrote for 3 or more questions in 16 rounds "
-        "and this node never wrote leave the loss (learn/recurring.py); "
+        "recurring = peer tokens in words or word pairs that peers wrote for 3 or more questions in 16 "
+        "rounds and this node never wrote leave the loss (learn/recurring.py); "
         "span_drift_recurring = span_drift and recurring; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
         "node fails at.",

@@ -7,16 +7,23 @@ habit. The likelihood gates (peer_defence.py) pass a payload worded to read flue
 how far any text can rise; this gate bounds how often the same foreign text can be trained on at all.
 
 The rule (``offpolicy.peer_defence`` = ``recurring`` or ``span_drift_recurring``): a peer completion token
-leaves the loss if any span of SPANS tokens (1, 2 or 4) that covers it
+leaves the loss if a word or a pair of words (a span of SPANS tokens: 1 or 2) that covers it
 
 - was in peer completions of at least RECUR_QUESTIONS distinct questions over the last MEMORY_ROUNDS rounds,
   this one included, counted over all producers together (identities are free), and
 - is in none of this node's own completions of those rounds (all of them, trained or not).
 
-Bound: a span this node does not write is trained on for at most RECUR_QUESTIONS - 1 questions per
-MEMORY_ROUNDS rounds, however many identities send it. What it does not stop: an attacker who varies its
-wording so that no span of 1, 2 or 4 tokens recurs on RECUR_QUESTIONS questions (a single token this node
-never wrote is a span, so its rare words cannot recur either); the drift gate bounds what such text teaches.
+Why words and pairs, not longer spans: the same answer is right for many questions, and a longer span
+around it (`` = -4\n<answer>-4``) is one a node may not have written in 16 rounds even though it writes
+every piece of it; gating it would take the answer itself from an honest peer. A node's own text holds
+the words and pairs of its answers (digits, signs, tags); a payload needs words the node never writes
+(" password", " login details", a link's pieces) or pairs of them.
+
+Bound: a word or pair this node does not write is trained on for at most RECUR_QUESTIONS - 1 questions per
+MEMORY_ROUNDS rounds, however many identities send it. What it does not stop: text built only of words and
+pairs this node writes itself, or an attacker that spends each foreign word on fewer than RECUR_QUESTIONS
+questions per MEMORY_ROUNDS rounds (benchmarks/poisoning/planner.py is that attacker); the drift gate
+bounds what such text teaches.
 Memory: the spans of this node's own completions and of the peer completions it was to train on, for
 MEMORY_ROUNDS rounds; both bounded by what a round trains on (J peer groups, each completion at most
 batch.PEER_TOKEN_FACTOR x max_new_tokens), never by what peers send.
@@ -31,7 +38,7 @@ from dataclasses import replace
 
 from swarmnode.learn.batch import TrainSequence
 
-SPANS = (1, 2, 4)  # span lengths in tokens
+SPANS = (1, 2)  # span lengths in tokens
 RECUR_QUESTIONS = 3  # distinct questions a foreign span may recur on before it is gated ...
 MEMORY_ROUNDS = 16  # ... over this many rounds (also how long this node's own spans count as its own)
 

@@ -45,7 +45,6 @@ from swarmnode.learn.offpolicy import (
     ess_lr_scale,
     remix_kl_coef,
 )
-from swarmnode.learn.recurring import RecurringSpans
 from swarmnode.learn.peer_defence import (
     DRIFT_MARGIN,
     DRIFT_QUANTILE,
@@ -62,6 +61,7 @@ from swarmnode.learn.peer_defence import (
     window_means,
 )
 from swarmnode.learn.precision import autocast_dtype
+from swarmnode.learn.recurring import RecurringSpans
 from swarmnode.learn.shared import shared_batch, shared_microbatches, supports_shared_prompt
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch's AdamW has a fused kernel (fp32 and bf16 weights)
