@@ -42,7 +42,10 @@ from swarmnode.swarm.wire import codec, convert, limits, protocol
 from swarmnode.tasks import SEED_LIMIT, Question, TaskBank
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from benchmarks.poisoning.planner import Choice, Planner
+    from benchmarks.reliability.sybils import Sybil
 
 MAX_ATTACKERS = 2  # identities one attacker runs here: J = 2 gives each of two a full producer share
 
@@ -86,7 +89,10 @@ class Attacker:
         correct: int | None = None,
         planner: Planner | None = None,
         node_style: bool = False,
+        signers: Sequence[Sybil] = (),
     ):
+        """``signers``: the identities' Sybils (``reliability.sybils``: proof of work, stamps shared with the
+        roster cards a real host signs for them, ``live_host``); none: stamps of their own, no work."""
         if not 1 <= identities <= MAX_ATTACKERS:
             raise ValueError(f"attacker identities: 1 to {MAX_ATTACKERS}, got {identities}")
         self.payload = None if payload is None else payloads.check_kind(payload)
@@ -100,9 +106,12 @@ class Attacker:
         self.completions = cfg.sampling.completions_per_question  # the receiver keeps its own G
         self.questions = cfg.sampling.questions_per_round  # an honest node's batch shape
         self.model_name, self.tokenizer_fingerprint = policy.name, policy.tokenizer_fingerprint
-        self.identities = [attacker_identity(seed, i) for i in range(identities)]
+        self.identities = [s.identity for s in signers] or [
+            attacker_identity(seed, i) for i in range(identities)
+        ]
         self.streams = [attacker_stream(seed, i, cfg.tasks.eval_seed) for i in range(identities)]
-        self._stamps = [limits.Stamper() for _ in range(identities)]
+        self._stamps = list(signers) or [limits.Stamper() for _ in range(identities)]
+        self._work = [signer.nonce for signer in signers] or [b""] * identities
         self.correct = self.completions // 2 if correct is None else correct  # correct completions a group
         if not 1 <= self.correct <= self.completions:
             raise ValueError(f"correct completions per group: 1 to {self.completions}, got {self.correct}")
@@ -191,7 +200,9 @@ class Attacker:
             )  # fmt: skip
             data = codec.encode_message(identity, self.swarm_id, batch)
             seq, timestamp = self._stamps[index].stamp()
-            announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
+            announcement = protocol.announcement_for(
+                batch, data, timestamp=timestamp, seq=seq, work_nonce=self._work[index]
+            )
             record = codec.encode_message(identity, self.swarm_id, announcement)
             out.append(SignedBatch(identity.peer_id, record, data, tuple(groups)))
         return out

@@ -41,7 +41,7 @@ from swarmnode.config import DRAW_STRIDE, NodeConfig, load_config, parse_overrid
 from swarmnode.learn.batch import PEER_TOKEN_FACTOR, to_sequences
 from swarmnode.round_record import RoundRecord
 from swarmnode.rounds import RoundContext, run_round
-from swarmnode.tasks import Question
+from swarmnode.tasks import Question, TaskBank
 
 DEFAULT_CONFIG = "node_configs/arithmetic-easy.yaml"
 DEFAULT_J = 2  # peer groups a round: two attacker identities each fill one producer share
@@ -138,15 +138,16 @@ def attacker_row(record: RoundRecord, exchange: HostileExchange, ctx: RoundConte
     return row
 
 
-def make_planner(spec: ArmSpec, cfg: NodeConfig, node) -> Planner:
-    """The adaptive attacker's planner for a fluent payload, on the node's weights before its first round
-    (the public base model), against the arm's defence, its floors from the first attacker's questions."""
+def make_planner(spec: ArmSpec, cfg: NodeConfig, bank: TaskBank, policy) -> Planner:
+    """The adaptive attacker's planner for a fluent payload, on ``policy``'s weights as they are before
+    the node's first round (the public base model), against the arm's defence, its floors from the first
+    attacker's questions."""
     stream = attacker_stream(spec.seed, 0, cfg.tasks.eval_seed)
-    refs = node.bank.draw(0, DRAW_STRIDE, seed=stream)[:PLAN_QUESTIONS]
+    refs = bank.draw(0, DRAW_STRIDE, seed=stream)[:PLAN_QUESTIONS]
     return Planner(
-        spec.payload, spec.defence, node.policy.model, node.policy.tokenizer,
+        spec.payload, spec.defence, policy.model, policy.tokenizer,
         temperature=cfg.sampling.temperature, system_prompt=cfg.sampling.system_prompt,
-        questions=[node.bank.question(ref) for ref in refs],
+        questions=[bank.question(ref) for ref in refs],
     )  # fmt: skip
 
 
@@ -173,7 +174,9 @@ def run_arm(
     t0 = time.perf_counter()
     node = Node(cfg)
     try:
-        planner = make_planner(spec, cfg, node) if spec.payload in payloads.FLUENT_KINDS else None
+        planner = (
+            make_planner(spec, cfg, node.bank, node.policy) if spec.payload in payloads.FLUENT_KINDS else None
+        )
         attacker = Attacker(
             cfg, node.bank, node.policy, payload=None if spec.control else spec.payload, seed=spec.seed,
             identities=spec.attackers, planner=None if spec.control else planner,

@@ -169,10 +169,7 @@ def test_a_fluent_payload_sent_on_new_questions_is_not_taught_past_its_first_que
 
 
 def test_an_honest_peer_of_the_same_model_is_hardly_gated():
-    """Its honest cost: a peer sampling as this node does writes the spans this node writes (measured:
-    0.3% of its tokens gated by the recurring gate alone; 5.6% with the drift gate, against 5.1%)."""
-    _, alone = _run("recurring", payload=False)
-    _, both = _run("span_drift_recurring", payload=False)
-    _, drift_only = _run("span_drift", payload=False)
-    assert sum(alone) / len(alone) <= 0.02
-    assert sum(both) / len(both) <= sum(drift_only) / len(drift_only) + 0.02
+    """Its honest cost: a peer sampling as this node does writes the words and pairs this node writes
+    (measured: 0.35% of its tokens gated by this gate alone; with the drift gate 5.6%, against its 5.1%)."""
+    _, gated = _run("recurring", payload=False)
+    assert sum(gated) / len(gated) <= 0.02
