@@ -11,13 +11,19 @@ leaves the loss if a word or a pair of words (a span of SPANS tokens: 1 or 2) th
 
 - was in peer completions of at least RECUR_QUESTIONS distinct questions over the last MEMORY_ROUNDS rounds,
   this one included, counted over all producers together (identities are free), and
-- is in none of this node's own completions of those rounds (all of them, trained or not).
+- is in none of this node's own completions of those rounds (all of them, trained or not), nor in the
+  question itself (its prompt tokens: a task's own words are the task's, whoever repeats them).
 
 Why words and pairs, not longer spans: the same answer is right for many questions, and a longer span
 around it (`` = -4\n<answer>-4``) is one a node may not have written in 16 rounds even though it writes
 every piece of it; gating it would take the answer itself from an honest peer. A node's own text holds
 the words and pairs of its answers (digits, signs, tags); a payload needs words the node never writes
 (" password", " login details", a link's pieces) or pairs of them.
+
+Honest cost, measured on SmolLM2 (6 rounds, a node sampling basic_arithmetic, peers of the same base
+model): 0.8% of a same-task peer's tokens gated; 4.9% of a decimal_arithmetic peer's, E1's specialist
+case (" decimal to the nearest", which the integer node never writes); 11% before the question's words
+were exempted (the decimals of the answer, "2.", are in the question).
 
 Bound: a word or pair this node does not write is trained on for at most RECUR_QUESTIONS - 1 questions per
 MEMORY_ROUNDS rounds, however many identities send it. What it does not stop: text built only of words and
@@ -80,10 +86,11 @@ class RecurringSpans:
         return [s if s.group.provenance.source == "local" else self._judged(s) for s in sequences]
 
     def _judged(self, s: TrainSequence) -> TrainSequence:
+        asked = {span for _, span in spans(s.prompt_ids)}  # the question's own words are the task's
         gated = {
             i + k
             for i, span in spans(s.completion_ids)
-            if span not in self._own and len(self._peer.get(span, ())) >= self.questions
+            if span not in self._own and span not in asked and len(self._peer.get(span, ())) >= self.questions
             for k in range(len(span))
         }
         return replace(s, gated=frozenset(gated)) if gated else s

@@ -64,6 +64,18 @@ def test_text_this_node_writes_itself_is_never_gated_however_often_peers_repeat_
     assert all(s.gated == frozenset() for s in gate.gate([*peers]))  # and stays own for MEMORY_ROUNDS rounds
 
 
+def test_words_of_the_question_itself_are_never_gated():
+    """A peer that repeats the question's own words ("to 12 significant digits") across questions of a task
+    this node has not sampled writes the task's text, not a payload (the cross-task case: a decimal
+    specialist's completions read by a node that samples only integer arithmetic)."""
+    gate = RecurringSpans()
+    asked = [
+        TrainSequence((7, *PAYLOAD, 8 + i), (*PAYLOAD, 30 + i), 1.0, None, _group("peer", "p", f"q{i}"))
+        for i in range(RECUR_QUESTIONS)
+    ]
+    assert not any(s.gated for s in gate.gate([_own(), *asked]))
+
+
 def test_the_memory_forgets_after_its_rounds_and_is_bounded_by_the_trained_tokens():
     gate = RecurringSpans()
     for k in range(RECUR_QUESTIONS - 1):
