@@ -134,7 +134,7 @@ class Attacker:
         # a fluent payload's wording and placement per question (planner.Planner.plan)
         choices: list[Choice | None] = [None] * len(questions)
         if self.planner is not None and self.payload is not None:
-            choices = self.planner.plan(questions, round_)
+            choices = self.planner.plan(questions)
         for question, choice in zip(questions, choices, strict=True):
             answer = question.answer
             value = payloads.usable_answer(answer)

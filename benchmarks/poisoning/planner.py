@@ -13,8 +13,8 @@ likeliest wording is the best an attacker can do, and that is the tie-break.
 
 Against the recurring gate (learn/recurring.py) it keeps to the gate's budget instead of wasting payloads
 on it: per question it sends the best-ranked wording none of whose spans foreign to the node (not in the
-base model's samples) would then be on RECUR_QUESTIONS questions within MEMORY_ROUNDS rounds, counted over
-all its identities, and a clean correct answer when no wording fits (``Planner.plan``)."""
+base model's samples) would then be on RECUR_QUESTIONS questions (the node remembers them for good),
+counted over all its identities, and a clean correct answer when no wording fits (``Planner.plan``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from benchmarks.poisoning.payloads import PLACEMENTS, WORDINGS, place
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.peer_defence import RECURRING, WINDOW_GATES, own_floor, span_keep, window_means
-from swarmnode.learn.recurring import MEMORY_ROUNDS, RECUR_QUESTIONS, spans
+from swarmnode.learn.recurring import RECUR_QUESTIONS, spans
 from swarmnode.prompts import encode_prompt
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.tasks import Question
@@ -63,9 +63,9 @@ class Planner:
         own = self._base_samples(questions[:PLAN_QUESTIONS]) if self.windows or self.recurring else []
         self.floors = self._floors(own) if self.windows else {}
         # the recurring gate: what the node writes itself (estimated from the base model's samples), and
-        # on which questions of which round this attacker (all its identities) already sent each span
+        # on which questions this attacker (all its identities) already sent each span
         self.own_spans = {span for seq in own for _, span in spans(seq.completion_ids)}
-        self.sent: dict[tuple[int, ...], dict[str, int]] = {}
+        self.sent: dict[tuple[int, ...], set[str]] = {}
         self.placements: Counter[str] = Counter()  # what it chose, over the run
         self.held_back = 0  # questions answered without the payload: the recurring gate's budget was spent
 
@@ -106,23 +106,23 @@ class Planner:
         choice = self.choose(question, question.answer, count=False)
         return place(question.text, question.answer, choice.wording, choice.placement)[0]
 
-    def plan(self, questions: list[Question], round_: int) -> list[Choice | None]:
-        """One identity's choices for its ``questions`` of ``round_``: ``choose`` on the first question for
+    def plan(self, questions: list[Question]) -> list[Choice | None]:
+        """One identity's choices for its ``questions`` of a round: ``choose`` on the first question for
         all; against the recurring gate, per question the best-ranked wording whose foreign spans stay on
-        fewer than RECUR_QUESTIONS questions over MEMORY_ROUNDS rounds (all identities together), or None
-        (a clean answer) when no wording does: sent anyway, it would be gated and teach nothing."""
+        fewer than RECUR_QUESTIONS questions (all identities together, over the whole run), or None (a
+        clean answer) when no wording does: sent anyway, it would be gated and teach nothing."""
         if not self.recurring:
             return [self.choose(questions[0], questions[0].answer)] * len(questions)
         ranked = self._ranked(questions[0], questions[0].answer)
         out: list[Choice | None] = []
         for question in questions:
-            pick = next((c for c in ranked if self._within_budget(c.wording, question.text, round_)), None)
+            pick = next((c for c in ranked if self._within_budget(c.wording, question.text)), None)
             if pick is None:
                 self.held_back += 1
             else:
                 self.placements[pick.placement] += 1
                 for span in self._foreign_spans(pick.wording):
-                    self.sent.setdefault(span, {})[question.text] = round_
+                    self.sent.setdefault(span, set()).add(question.text)
             out.append(pick)
         return out
 
@@ -131,13 +131,11 @@ class Planner:
         found = {span for text in (wording, " " + wording) for _, span in spans(self._encode(text))}
         return found - self.own_spans
 
-    def _within_budget(self, wording: str, question: str, round_: int) -> bool:
-        oldest = round_ - MEMORY_ROUNDS + 1
-        for span in self._foreign_spans(wording):
-            seen = {q for q, r in self.sent.get(span, {}).items() if r >= oldest} | {question}
-            if len(seen) >= RECUR_QUESTIONS:
-                return False
-        return True
+    def _within_budget(self, wording: str, question: str) -> bool:
+        return all(
+            len(self.sent.get(span, set()) | {question}) < RECUR_QUESTIONS
+            for span in self._foreign_spans(wording)
+        )
 
     def choose(self, question: Question, answer: str, *, count: bool = True) -> Choice:
         """The candidate (wording x placement) whose payload the defence keeps most, then the likeliest;

@@ -9,10 +9,11 @@ how far any text can rise; this gate bounds how often the same foreign text can 
 The rule (``offpolicy.peer_defence`` = ``recurring`` or ``span_drift_recurring``): a peer completion token
 leaves the loss if a word or a pair of words (a span of SPANS tokens: 1 or 2) that covers it
 
-- was in peer completions of at least RECUR_QUESTIONS distinct questions over the last MEMORY_ROUNDS rounds,
-  this one included, counted over all producers together (identities are free), and
-- is in none of this node's own completions of those rounds (all of them, trained or not), nor in the
-  question itself (its prompt tokens: a task's own words are the task's, whoever repeats them).
+- was in peer completions of at least RECUR_QUESTIONS distinct questions, this round's included, counted
+  over all producers together (identities are free) and over all the rounds this node remembers (below),
+- and is in none of this node's own completions of the last OWN_ROUNDS rounds (all of them, trained or
+  not), nor in the question itself (its prompt tokens: a task's own words are the task's, whoever
+  repeats them).
 
 Why words and pairs, not longer spans: the same answer is right for many questions, and a longer span
 around it (`` = -4\n<answer>-4``) is one a node may not have written in 16 rounds even though it writes
@@ -20,33 +21,43 @@ every piece of it; gating it would take the answer itself from an honest peer. A
 the words and pairs of its answers (digits, signs, tags); a payload needs words the node never writes
 (" password", " login details", a link's pieces) or pairs of them.
 
+Why the peers' spans are remembered for good, not for a window of rounds: with a 16-round window an
+attacker that read this sends each foreign word on 2 questions every 16 rounds, and each such round
+teaches it again (SmolLM2: a request for credentials trained in rounds 1 and 17 only went -3.49 -> -3.41
+-> -3.31 nats per token at rounds 0, 10 and 20, where the honest control under span_drift went down to
+-3.73; docs/poisoning.md). Remembered, a foreign word trains on RECUR_QUESTIONS - 1 questions once.
+
 Honest cost, measured on SmolLM2 (6 rounds, a node sampling basic_arithmetic, peers of the same base
 model): 0.8% of a same-task peer's tokens gated; 4.9% of a decimal_arithmetic peer's, E1's specialist
 case (" decimal to the nearest", which the integer node never writes); 11% before the question's words
 were exempted (the decimals of the answer, "2.", are in the question).
 
-Bound: a word or pair this node does not write is trained on for at most RECUR_QUESTIONS - 1 questions per
-MEMORY_ROUNDS rounds, however many identities send it. What it does not stop: text built only of words and
-pairs this node writes itself, or an attacker that spends each foreign word on fewer than RECUR_QUESTIONS
-questions per MEMORY_ROUNDS rounds (benchmarks/poisoning/planner.py is that attacker); the drift gate
-bounds what such text teaches.
-Memory: the spans of this node's own completions and of the peer completions it was to train on, for
-MEMORY_ROUNDS rounds; both bounded by what a round trains on (J peer groups, each completion at most
-batch.PEER_TOKEN_FACTOR x max_new_tokens), never by what peers send.
+Bound: a word or pair this node does not write is trained on for at most RECUR_QUESTIONS - 1 questions,
+however many identities send it, for as long as it is remembered: the peer memory keeps the
+MAX_PEER_SPANS spans seen last, so it is forgotten only after that many other spans were trained on since
+it was last seen (a flood of new text, each round at most J peer groups x G completions x
+batch.PEER_TOKEN_FACTOR x max_new_tokens tokens, 2 spans each: SmolLM2's configs, J = 4, G = 8, 64
+tokens: about 30 rounds of nothing but new words). What it does not stop: text built only of words and
+pairs this node writes itself or that are in the question; the drift gate bounds what such text teaches.
+Memory: this node's own spans of OWN_ROUNDS rounds (bounded by its own sampling) and MAX_PEER_SPANS peer
+spans with at most RECUR_QUESTIONS question keys each, never more whatever peers send.
 Spans are token ids in this node's tokenizer (a peer's text is always re-tokenized, batch.py), kept as
-tuples: no hash a sender could collide with one of this node's own spans.
+tuples: no hash a sender could collide with one of this node's own spans; questions are kept by Python's
+salted string hash, which a sender cannot predict.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from swarmnode.learn.batch import TrainSequence
 
 SPANS = (1, 2)  # span lengths in tokens
-RECUR_QUESTIONS = 3  # distinct questions a foreign span may recur on before it is gated ...
-MEMORY_ROUNDS = 16  # ... over this many rounds (also how long this node's own spans count as its own)
+RECUR_QUESTIONS = 3  # distinct questions a foreign span may be on before it is gated
+OWN_ROUNDS = 16  # how long a span this node wrote counts as its own
+MAX_PEER_SPANS = 1 << 17  # peer spans remembered (the most recently seen): ~40 MB at most
 
 
 def spans(ids: Sequence[int], sizes: Sequence[int] = SPANS) -> Iterator[tuple[int, tuple[int, ...]]]:
@@ -57,14 +68,21 @@ def spans(ids: Sequence[int], sizes: Sequence[int] = SPANS) -> Iterator[tuple[in
 
 
 class RecurringSpans:
-    """The gate's memory over rounds (module docstring); one per node (``Trainer.recurring``), fed once a
-    round, by ``gate``. Not kept across a restart: it fills again within MEMORY_ROUNDS rounds."""
+    """The gate's memory (module docstring); one per node (``Trainer.recurring``), fed once a round, by
+    ``gate``. Not kept across a restart."""
 
-    def __init__(self, *, rounds: int = MEMORY_ROUNDS, questions: int = RECUR_QUESTIONS) -> None:
-        self.rounds, self.questions = rounds, questions
+    def __init__(
+        self,
+        *,
+        own_rounds: int = OWN_ROUNDS,
+        questions: int = RECUR_QUESTIONS,
+        max_peer_spans: int = MAX_PEER_SPANS,
+    ) -> None:
+        self.own_rounds, self.questions, self.max_peer_spans = own_rounds, questions, max_peer_spans
         self.round = -1  # rounds gated so far, minus one
         self._own: dict[tuple[int, ...], int] = {}  # span -> last round it was in an own completion
-        self._peer: dict[tuple[int, ...], dict[str, int]] = {}  # span -> {question: last round}
+        # span -> keys of the first ``questions`` questions it was on, least recently seen first
+        self._peer: OrderedDict[tuple[int, ...], set[int]] = OrderedDict()
 
     def gate(
         self, sequences: Sequence[TrainSequence], own_untrained: Sequence[TrainSequence] = ()
@@ -73,17 +91,26 @@ class RecurringSpans:
         (the trained ones in ``sequences`` and ``own_untrained``) count as own before any peer's is judged,
         and every peer completion counts toward recurrence before any is judged."""
         self.round += 1
-        round_ = self.round
-        self._forget(round_)
-        own = [s for s in (*sequences, *own_untrained) if s.group.provenance.source == "local"]
-        for s in own:
-            for _, span in spans(s.completion_ids):
-                self._own[span] = round_
+        oldest = self.round - self.own_rounds + 1
+        self._own = {span: r for span, r in self._own.items() if r >= oldest}
+        for s in (*sequences, *own_untrained):
+            if s.group.provenance.source == "local":
+                for _, span in spans(s.completion_ids):
+                    self._own[span] = self.round
         for s in sequences:
             if s.group.provenance.source != "local":
-                for _, span in spans(s.completion_ids):
-                    self._peer.setdefault(span, {})[s.group.question] = round_
+                self._remember(s)
         return [s if s.group.provenance.source == "local" else self._judged(s) for s in sequences]
+
+    def _remember(self, s: TrainSequence) -> None:
+        question = hash(s.group.question)
+        for _, span in spans(s.completion_ids):
+            seen = self._peer.pop(span, None) or set()
+            if len(seen) < self.questions:
+                seen.add(question)
+            self._peer[span] = seen  # now the most recently seen
+        while len(self._peer) > self.max_peer_spans:
+            self._peer.popitem(last=False)
 
     def _judged(self, s: TrainSequence) -> TrainSequence:
         asked = {span for _, span in spans(s.prompt_ids)}  # the question's own words are the task's
@@ -94,17 +121,6 @@ class RecurringSpans:
             for k in range(len(span))
         }
         return replace(s, gated=frozenset(gated)) if gated else s
-
-    def _forget(self, round_: int) -> None:
-        """Drop what is older than ``rounds`` rounds (this one included)."""
-        oldest = round_ - self.rounds + 1
-        self._own = {span: r for span, r in self._own.items() if r >= oldest}
-        peer = {}
-        for span, seen in self._peer.items():
-            kept = {q: r for q, r in seen.items() if r >= oldest}
-            if kept:
-                peer[span] = kept
-        self._peer = peer
 
     @property
     def size(self) -> int:

@@ -250,21 +250,21 @@ def test_against_the_recurring_gate_the_planner_stays_under_it_and_answers_clean
     """An attacker that read learn/recurring.py sends its wordings on fewer questions than would make their
     spans recur (all identities together) and answers clean beyond that: the node's real gate, fed the
     attacker's text as a peer's, gates none of its payload; the price is that the payload rides on at most
-    RECUR_QUESTIONS - 1 questions per wording and MEMORY_ROUNDS rounds."""
+    RECUR_QUESTIONS - 1 questions per wording, once."""
     from dataclasses import replace
 
     from benchmarks.poisoning.planner import Planner
     from swarmnode.learn.batch import TrainSequence
-    from swarmnode.learn.recurring import MEMORY_ROUNDS, RECUR_QUESTIONS, RecurringSpans
+    from swarmnode.learn.recurring import RECUR_QUESTIONS, RecurringSpans
 
-    policy = policies["llama"]
+    policy, rounds = policies["llama"], 20
     planner = Planner(
         "credentials", "span_drift_recurring", policy.model, policy.tokenizer, temperature=1.0,
         system_prompt=None, questions=[node_bank.question(ref) for ref in node_bank.draw(1, 8)],
     )  # fmt: skip
     hostile = attacker(cfg, node_bank, policy, "credentials", planner=planner)
     gate, carrying = RecurringSpans(), set()
-    for round_ in range(1, MEMORY_ROUNDS + 1):
+    for round_ in range(1, rounds + 1):
         sequences = []
         for group in (g for i in range(2) for g in hostile.groups(i, round_)):
             group = replace(group, provenance=replace(group.provenance, source="peer"))  # as received
@@ -277,7 +277,7 @@ def test_against_the_recurring_gate_the_planner_stays_under_it_and_answers_clean
             gated_text = policy.tokenizer.decode([s.completion_ids[i] for i in sorted(s.gated)])
             assert not payloads.detect("credentials", gated_text), gated_text
     assert 0 < len(carrying) <= len(payloads.WORDINGS["credentials"]) * (RECUR_QUESTIONS - 1)
-    assert planner.held_back == 2 * hostile.questions * MEMORY_ROUNDS - len(carrying)
+    assert planner.held_back == 2 * hostile.questions * rounds - len(carrying)
 
 
 def test_a_two_round_fluent_run_measures_the_attack_four_ways(tmp_path):

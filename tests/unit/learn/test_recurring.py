@@ -15,7 +15,7 @@ import torch
 from swarmnode.config import OffPolicyConfig
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
-from swarmnode.learn.recurring import MEMORY_ROUNDS, RECUR_QUESTIONS, SPANS, RecurringSpans
+from swarmnode.learn.recurring import OWN_ROUNDS, RECUR_QUESTIONS, SPANS, RecurringSpans
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
@@ -61,7 +61,9 @@ def test_text_this_node_writes_itself_is_never_gated_however_often_peers_repeat_
     own = _seq((7, 8, 9, *PAYLOAD), source="local", producer="me", question="own")
     peers = [_seq(PAYLOAD, question=f"q{i}") for i in range(10)]
     assert not any(s.gated for s in gate.gate([*peers], own_untrained=[own]))  # untrained own text counts
-    assert all(s.gated == frozenset() for s in gate.gate([*peers]))  # and stays own for MEMORY_ROUNDS rounds
+    for _ in range(OWN_ROUNDS - 1):  # and stays its own for OWN_ROUNDS rounds ...
+        assert not any(s.gated for s in gate.gate([*peers]))
+    assert all(s.gated for s in gate.gate([*peers]))  # ... then, unwritten since, it is foreign again
 
 
 def test_words_of_the_question_itself_are_never_gated():
@@ -76,25 +78,32 @@ def test_words_of_the_question_itself_are_never_gated():
     assert not any(s.gated for s in gate.gate([_own(), *asked]))
 
 
-def test_the_memory_forgets_after_its_rounds_and_is_bounded_by_the_trained_tokens():
+def test_a_foreign_span_is_remembered_for_good_and_the_memory_is_bounded_whatever_peers_send():
+    """An attacker that spaces its payload out gets no second budget: 2 questions early, one 40 rounds later
+    is gated. The memory keeps MAX_PEER_SPANS peer spans (the most recently seen) and OWN_ROUNDS rounds of
+    own ones: a flood of new text every round leaves it flat at that bound, and what the flood pushes out
+    is what was seen longest ago."""
     gate = RecurringSpans()
     for k in range(RECUR_QUESTIONS - 1):
-        gate.gate([_seq(PAYLOAD, question=f"early{k}")])
-    for _ in range(MEMORY_ROUNDS - 1):  # the early questions are now MEMORY_ROUNDS rounds old
+        gate.gate([_own(), _seq((20 + k, *PAYLOAD), question=f"early{k}")])
+    for _ in range(40):
         gate.gate([_own()])
-    assert not any(s.gated for s in gate.gate([_seq(PAYLOAD, question="late")]))
+    assert gate.gate([_own(), _seq(PAYLOAD, question="late")])[1].gated == frozenset(range(len(PAYLOAD)))
 
-    # the worst case for memory: every peer token new every round, and the node's own text too
-    draw, tokens = random.Random(0), 512
+    cap, tokens, draw = 4096, 512, random.Random(0)
+    gate = RecurringSpans(max_peer_spans=cap)
+    for k in range(RECUR_QUESTIONS - 1):
+        gate.gate([_seq((20 + k, *PAYLOAD), question=f"early{k}")])
     sizes = []
-    for round_ in range(3 * MEMORY_ROUNDS):
-        fresh = [draw.randrange(10**6) for _ in range(tokens)]
-        own = [draw.randrange(10**6) for _ in range(tokens)]
+    for round_ in range(3 * OWN_ROUNDS):  # the worst case: every peer and own token new every round
+        fresh = [draw.randrange(1000, 10**6) for _ in range(tokens)]
+        own = [draw.randrange(1000, 10**6) for _ in range(tokens)]
         gate.gate([_seq(fresh, question=f"w{round_}"), _seq(own, source="local", question="own")])
         sizes.append(gate.size)
-    bound = 2 * len(SPANS) * tokens * MEMORY_ROUNDS  # spans of MEMORY_ROUNDS rounds' trained text
-    assert max(sizes) <= bound
-    assert sizes[-1] < 1.01 * sizes[MEMORY_ROUNDS]  # flat once full: nothing outlives its rounds
+    assert max(sizes) <= cap + len(SPANS) * tokens * OWN_ROUNDS
+    assert sizes[-1] < 1.01 * sizes[OWN_ROUNDS]  # flat once full
+    # the flood pushed the payload's early questions out: it may train on RECUR_QUESTIONS - 1 again
+    assert not gate.gate([_seq(PAYLOAD, question="after the flood")])[0].gated
 
 
 def test_the_learner_keeps_gated_tokens_out_of_the_loss_and_counts_them():
