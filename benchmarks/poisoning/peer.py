@@ -132,7 +132,7 @@ class Attacker:
         out = []
         questions = self._questions(index, round_)
         # a fluent payload's wording and placement per question (planner.Planner.plan)
-        choices: list[Choice | None] = [None] * len(questions)
+        choices: list[Choice | None] = [None] * len(questions)  # a template payload or a control: none
         if self.planner is not None and self.payload is not None:
             choices = self.planner.plan(questions)
         for question, choice in zip(questions, choices, strict=True):
@@ -156,7 +156,7 @@ class Attacker:
         answer = question.answer
         if choice is not None:
             return payloads.place(question.text, answer, choice.wording, choice.placement)[1]
-        if self.payload is None or self.planner is not None:  # a control; a fluent attacker holding back
+        if self.payload is None:
             return self._clean(question, answer)
         return payloads.completion(self.payload, answer)
 

@@ -11,10 +11,11 @@ across the questions of a task, and planning every question made a SmolLM2 round
 gate cannot be planned on the base model (the rise there is 0 for every candidate); against it the
 likeliest wording is the best an attacker can do, and that is the tie-break.
 
-Against the recurring gate (learn/recurring.py) it keeps to the gate's budget instead of wasting payloads
-on it: per question it sends the best-ranked wording none of whose spans foreign to the node (not in the
-base model's samples) would then be on RECUR_QUESTIONS questions (the node remembers them for good),
-counted over all its identities, and a clean correct answer when no wording fits (``Planner.plan``)."""
+Against the recurring gate (learn/recurring.py) holding back buys nothing: a payload the gate takes costs
+the attacker nothing, and it cannot see which of its groups the node trained on. So it sends on every
+correct answer, the best placement of each wording, the wordings in turn across questions and rounds
+(``Planner.plan``): every wording's own words then reach the node on as many questions as any can, and the
+node trains each foreign word on at most RECUR_QUESTIONS - 1 of them."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ from benchmarks.poisoning.payloads import PLACEMENTS, WORDINGS, place
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
 from swarmnode.learn.peer_defence import RECURRING, WINDOW_GATES, own_floor, span_keep, window_means
-from swarmnode.learn.recurring import RECUR_QUESTIONS, spans
 from swarmnode.prompts import encode_prompt
 from swarmnode.sampler.hf import HFSampler
 from swarmnode.tasks import Question
@@ -59,15 +59,10 @@ class Planner:
         self.kind, self.tokenizer, self.temperature, self.system = kind, tokenizer, temperature, system_prompt
         self.model = copy.deepcopy(model).requires_grad_(False).eval()
         self.windows = WINDOW_GATES.get(defence, {}).get("likelihood", ())
+        self.floors = self._floors(questions[:PLAN_QUESTIONS]) if self.windows else {}
         self.recurring = defence in RECURRING
-        own = self._base_samples(questions[:PLAN_QUESTIONS]) if self.windows or self.recurring else []
-        self.floors = self._floors(own) if self.windows else {}
-        # the recurring gate: what the node writes itself (estimated from the base model's samples), and
-        # on which questions this attacker (all its identities) already sent each span
-        self.own_spans = {span for seq in own for _, span in spans(seq.completion_ids)}
-        self.sent: dict[tuple[int, ...], set[str]] = {}
+        self._turn = 0  # against the recurring gate: whose wording's turn it is
         self.placements: Counter[str] = Counter()  # what it chose, over the run
-        self.held_back = 0  # questions answered without the payload: the recurring gate's budget was spent
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
@@ -81,23 +76,19 @@ class Planner:
         batch = pad_batch(sequences, self.tokenizer.pad_token_id, next(self.model.parameters()).device)
         return completion_logprobs(self.model, batch, self.temperature), batch.completion_mask
 
-    def _base_samples(self, questions: list[Question]) -> list[TrainSequence]:
-        """The base model's own completions of ``questions``: the node's first round, as far as an attacker
-        can tell."""
+    def _floors(self, questions: list[Question]) -> dict[int, float | None]:
+        """The likelihood gates' floors as the node's first round sets them: from the base model's samples."""
         prompts = [list(self._prompt(q)) for q in questions]
         sampler = HFSampler(self.model, self.tokenizer)
         groups = sampler.sample(
             prompts, PLAN_SAMPLES, max_new_tokens=PLAN_TOKENS, temperature=self.temperature, seed=PLAN_SEED
         )
-        return [
+        own = [
             TrainSequence(tuple(p), tuple(c.token_ids), 0.0, None, None)  # type: ignore[arg-type]
             for p, group in zip(prompts, groups, strict=True)
             for c in group
             if c.token_ids
         ]
-
-    def _floors(self, own: list[TrainSequence]) -> dict[int, float | None]:
-        """The likelihood gates' floors as the node's first round sets them: from the base model's samples."""
         logp, mask = self._logprobs(own)
         return {w: own_floor([window_means(logp, mask, w)]) for w in self.windows}
 
@@ -106,36 +97,22 @@ class Planner:
         choice = self.choose(question, question.answer, count=False)
         return place(question.text, question.answer, choice.wording, choice.placement)[0]
 
-    def plan(self, questions: list[Question]) -> list[Choice | None]:
+    def plan(self, questions: list[Question]) -> list[Choice]:
         """One identity's choices for its ``questions`` of a round: ``choose`` on the first question for
-        all; against the recurring gate, per question the best-ranked wording whose foreign spans stay on
-        fewer than RECUR_QUESTIONS questions (all identities together, over the whole run), or None (a
-        clean answer) when no wording does: sent anyway, it would be gated and teach nothing."""
+        all; against the recurring gate, the best placement of each wording, the wordings in turn across
+        questions and rounds (module docstring)."""
         if not self.recurring:
             return [self.choose(questions[0], questions[0].answer)] * len(questions)
-        ranked = self._ranked(questions[0], questions[0].answer)
-        out: list[Choice | None] = []
-        for question in questions:
-            pick = next((c for c in ranked if self._within_budget(c.wording, question.text)), None)
-            if pick is None:
-                self.held_back += 1
-            else:
-                self.placements[pick.placement] += 1
-                for span in self._foreign_spans(pick.wording):
-                    self.sent.setdefault(span, set()).add(question.text)
-            out.append(pick)
+        best: dict[str, Choice] = {}
+        for choice in self._ranked(questions[0], questions[0].answer):
+            best.setdefault(choice.wording, choice)
+        wordings = list(best.values())
+        out = []
+        for _ in questions:
+            out.append(pick := wordings[self._turn % len(wordings)])
+            self._turn += 1
+            self.placements[pick.placement] += 1
         return out
-
-    def _foreign_spans(self, wording: str) -> set[tuple[int, ...]]:
-        """The wording's spans the node does not write (as at a line's start or after a space)."""
-        found = {span for text in (wording, " " + wording) for _, span in spans(self._encode(text))}
-        return found - self.own_spans
-
-    def _within_budget(self, wording: str, question: str) -> bool:
-        return all(
-            len(self.sent.get(span, set()) | {question}) < RECUR_QUESTIONS
-            for span in self._foreign_spans(wording)
-        )
 
     def choose(self, question: Question, answer: str, *, count: bool = True) -> Choice:
         """The candidate (wording x placement) whose payload the defence keeps most, then the likeliest;

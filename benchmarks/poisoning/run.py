@@ -105,7 +105,6 @@ class ArmRun:
     rejections: dict[str, int] = field(default_factory=dict)
     accepted_groups: int = 0
     placements: dict[str, int] = field(default_factory=dict)  # a fluent payload's placements, as chosen
-    held_back: int = 0  # questions a fluent attacker answered clean: the recurring gate's budget was spent
     wall_s: float = 0.0
     complete: bool = False
 
@@ -207,8 +206,7 @@ def run_arm(
             run.checkpoints.append(measured)
             run.rejections = exchange.rejections()
             run.accepted_groups = receiver.verifier.accepted_groups
-            if attacker.planner is not None:
-                run.placements, run.held_back = dict(attacker.planner.placements), attacker.planner.held_back
+            run.placements = dict(attacker.planner.placements) if attacker.planner is not None else {}
             run.wall_s = time.perf_counter() - t0
             if on_checkpoint is not None:
                 on_checkpoint(run, measured)
@@ -269,7 +267,6 @@ def summary(run: ArmRun, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "accepted_groups": run.accepted_groups,
         "rejections": run.rejections,
         "placements": run.placements,
-        "held_back": run.held_back,
         "checkpoints": [c.as_dict() for c in run.checkpoints],
         "rounds": run.rounds,
     }

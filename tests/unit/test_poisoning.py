@@ -244,40 +244,45 @@ def test_fluent_attacker_groups_verify_and_carry_the_payload_only_when_right(cfg
     assert sum(planner.placements.values()) == 2  # one plan per identity and round
 
 
-def test_against_the_recurring_gate_the_planner_stays_under_it_and_answers_clean_past_it(
+def test_against_the_recurring_gate_the_planner_sends_every_wording_in_turn_and_the_gate_bounds_it(
     cfg, node_bank, policies
 ):
-    """An attacker that read learn/recurring.py sends its wordings on fewer questions than would make their
-    spans recur (all identities together) and answers clean beyond that: the node's real gate, fed the
-    attacker's text as a peer's, gates none of its payload; the price is that the payload rides on at most
-    RECUR_QUESTIONS - 1 questions per wording, once."""
+    """An attacker that read learn/recurring.py sends on every correct answer, its wordings in turn. The
+    node's real gate, fed J = 2 of its groups a round (what the node trains on; all carrying the payload),
+    lets each wording's words train on at most RECUR_QUESTIONS - 1 questions, and after that none."""
     from dataclasses import replace
 
     from benchmarks.poisoning.planner import Planner
     from swarmnode.learn.batch import TrainSequence
     from swarmnode.learn.recurring import RECUR_QUESTIONS, RecurringSpans
 
-    policy, rounds = policies["llama"], 20
+    policy, rounds = policies["llama"], 8
     planner = Planner(
         "credentials", "span_drift_recurring", policy.model, policy.tokenizer, temperature=1.0,
         system_prompt=None, questions=[node_bank.question(ref) for ref in node_bank.draw(1, 8)],
     )  # fmt: skip
     hostile = attacker(cfg, node_bank, policy, "credentials", planner=planner)
-    gate, carrying = RecurringSpans(), set()
+    gate, taught, sent = RecurringSpans(), [], set()
     for round_ in range(1, rounds + 1):
         sequences = []
-        for group in (g for i in range(2) for g in hostile.groups(i, round_)):
+        for group in (hostile.groups(i, round_)[round_ % 2] for i in range(2)):  # one of each identity
             group = replace(group, provenance=replace(group.provenance, source="peer"))  # as received
             for c in group.completions:
                 ids = tuple(policy.tokenizer(c.text, add_special_tokens=False)["input_ids"])
                 sequences.append(TrainSequence((1,), ids, 1.0, None, group))
-                if payloads.detect("credentials", c.text):
-                    carrying.add(group.question)
-        for s in gate.gate(sequences):  # no own text at all: the worst case for the attacker
-            gated_text = policy.tokenizer.decode([s.completion_ids[i] for i in sorted(s.gated)])
-            assert not payloads.detect("credentials", gated_text), gated_text
-    assert 0 < len(carrying) <= len(payloads.WORDINGS["credentials"]) * (RECUR_QUESTIONS - 1)
-    assert planner.held_back == 2 * hostile.questions * rounds - len(carrying)
+        for s in gate.gate(sequences):  # no own text at all: the worst case for the node
+            text = policy.tokenizer.decode(s.completion_ids)
+            if payloads.detect("credentials", text):
+                sent.add(next(w for w in payloads.WORDINGS["credentials"] if w in text))
+                kept = policy.tokenizer.decode(
+                    [t for i, t in enumerate(s.completion_ids) if i not in s.gated]
+                )
+                if payloads.detect("credentials", kept):
+                    taught.append((round_, s.group.question))
+    assert sent == set(payloads.WORDINGS["credentials"])  # every wording, in turn
+    questions = {q for _, q in taught}
+    assert 0 < len(questions) <= len(payloads.WORDINGS["credentials"]) * (RECUR_QUESTIONS - 1)
+    assert max(r for r, _ in taught) < rounds // 2  # early on, and never again
 
 
 def test_a_two_round_fluent_run_measures_the_attack_four_ways(tmp_path):
