@@ -239,6 +239,7 @@ class Node:
         ):
             enable_activation_checkpointing(model)
         frozen = sum(m is not None for m in (self.trainer.base_model, self.trainer.ref_model))
+        frozen += cfg.sampling.lag_rounds + 1 if cfg.sampling.lag_rounds else 0  # sampler/lagging.py
         log(memory.describe(memory.estimate(model, cfg.train, frozen), cfg.model, cfg.train, available))
 
     def save_checkpoint(self) -> Path:

@@ -28,6 +28,14 @@ class SamplingConfig(Strict):
     max_new_tokens: int = Field(128, gt=0, description="Cap on completion length.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (log-probs are taken at it).")
     system_prompt: str | None = Field(None, description="Override the default answer-format instruction.")
+    lag_rounds: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="An experiment's setting (#47's E3): sample with the weights of this many rounds ago, as "
+        "a node whose sampling lags its training; its own and its published groups are that stale. Keeps "
+        "lag_rounds + 1 copies of the weights and samples with transformers (sampler/lagging.py). 0 = off.",
+    )
     vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="vLLM's compute dtype; auto = bfloat16 where the hardware has it natively."
     )

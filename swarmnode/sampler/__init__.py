@@ -1,7 +1,8 @@
 """Samplers: G completions per prompt with the behaviour log-probs of the sampled tokens.
 
 ``base.Sampler`` is the interface; ``hf`` (transformers ``generate``) and ``vllm`` implement it, and
-``make_sampler`` picks one from ``sampling.backend``.
+``make_sampler`` picks one from ``sampling.backend`` (``lagging`` wraps ``hf`` when ``sampling.lag_rounds``
+is set).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def make_sampler(cfg: SamplingConfig, policy, *, seed: int = 0, log=common.log) 
     policy, else transformers. A wanted vLLM that cannot run is reported once, here, with the reason."""
     from swarmnode.sampler.hf import HFSampler
 
+    if cfg.lag_rounds:
+        from swarmnode.sampler.lagging import LaggingSampler
+
+        return LaggingSampler(policy.model, policy.tokenizer, cfg.lag_rounds)
     if cfg.backend != "hf":
         from swarmnode.sampler import vllm
 
