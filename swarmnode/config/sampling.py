@@ -32,8 +32,9 @@ class SamplingConfig(Strict):
         0,
         ge=0,
         le=16,
-        description="An experiment's setting (#47's E3): sample with the weights of this many rounds ago, as "
-        "a node whose sampling lags its training; its own and its published groups are that stale. Keeps "
+        description="An experiment's setting (E3, docs/sharing.md): sample with the weights of this many "
+        "rounds ago, as a node whose sampling lags its training; its own and its published groups are that "
+        "stale. Keeps "
         "lag_rounds + 1 copies of the weights and samples with transformers (sampler/lagging.py). 0 = off.",
     )
     vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

@@ -5,7 +5,7 @@ Why: off-policy correction (learn/offpolicy.py) is there for data sampled by wei
 learner's, and in a swarm of nodes at nearly the same version its importance weights stay near 1 (E1, E2 in
 docs/sharing.md). A node that samples with older weights publishes groups whose behaviour log-probs are
 those older weights', and trains on its own stale groups too: the case the correction must earn its place
-on (#47's E3). An experiment's setting, off by default.
+on (E3 in docs/sharing.md). An experiment's setting, off by default.
 
 It keeps a copy of the model for sampling and the last ``lag`` rounds' weights; after round r's update
 (``sync_weights``) the copy takes the weights of round r - lag, so round r + 1 samples with weights
