@@ -69,6 +69,11 @@ def main() -> int:
         "--report", action="store_true", help="print the tables of the summaries in --summary-dir and exit"
     )
     parser.add_argument("--run-dir", type=Path, default=None, help="keep the node's run folders here")
+    parser.add_argument(
+        "--rotate",
+        action="store_true",
+        help="a fluent attacker sends every wording in turn, whatever the defence (arm name: ...-rotating)",
+    )
     args = parser.parse_args()
     if args.report:
         print(report(args.summary_dir))
@@ -88,6 +93,7 @@ def main() -> int:
             attackers=args.attackers,
             config=args.config,
             sets=tuple(args.sets),
+            rotate=args.rotate,
         )  # fmt: skip
         for name in args.defences
     ]

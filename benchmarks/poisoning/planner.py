@@ -52,16 +52,27 @@ class Planner:
     (module docstring). ``model`` is copied: the attacker's base model does not train."""
 
     def __init__(
-        self, kind: str, defence: str, model, tokenizer, *, temperature: float, system_prompt, questions
+        self,
+        kind: str,
+        defence: str,
+        model,
+        tokenizer,
+        *,
+        temperature: float,
+        system_prompt,
+        questions,
+        rotate: bool = False,
     ):
+        """``rotate``: send every wording in turn (``plan``) whatever the defence; against the recurring
+        gate it always does."""
         if kind not in WORDINGS:
             raise ValueError(f"fluent payload {kind!r}: choose one of {', '.join(WORDINGS)}")
         self.kind, self.tokenizer, self.temperature, self.system = kind, tokenizer, temperature, system_prompt
         self.model = copy.deepcopy(model).requires_grad_(False).eval()
         self.windows = WINDOW_GATES.get(defence, {}).get("likelihood", ())
         self.floors = self._floors(questions[:PLAN_QUESTIONS]) if self.windows else {}
-        self.recurring = defence in RECURRING
-        self._turn = 0  # against the recurring gate: whose wording's turn it is
+        self.rotate = rotate or defence in RECURRING
+        self._turn = 0  # when rotating: whose wording's turn it is
         self.placements: Counter[str] = Counter()  # what it chose, over the run
 
     def _encode(self, text: str) -> tuple[int, ...]:
@@ -99,9 +110,9 @@ class Planner:
 
     def plan(self, questions: list[Question]) -> list[Choice]:
         """One identity's choices for its ``questions`` of a round: ``choose`` on the first question for
-        all; against the recurring gate, the best placement of each wording, the wordings in turn across
-        questions and rounds (module docstring)."""
-        if not self.recurring:
+        all; when rotating (against the recurring gate, or asked to), the best placement of each wording,
+        the wordings in turn across questions and rounds (module docstring)."""
+        if not self.rotate:
             return [self.choose(questions[0], questions[0].answer)] * len(questions)
         best: dict[str, Choice] = {}
         for choice in self._ranked(questions[0], questions[0].answer):

@@ -62,10 +62,12 @@ class ArmSpec:
     attackers: int = 2
     config: str = DEFAULT_CONFIG
     sets: tuple[str, ...] = ()
+    rotate: bool = False  # a fluent attacker sends every wording in turn (planner.Planner.plan)
 
     @property
     def name(self) -> str:
-        return f"control-{self.defence}" if self.control else f"{self.payload}-{self.defence}"
+        name = f"control-{self.defence}" if self.control else f"{self.payload}-{self.defence}"
+        return f"{name}-rotating" if self.rotate and not self.control else name
 
     def overrides(self) -> dict[str, Any]:
         """The config overrides of this arm, defaults first (module docstring), then ``sets``, then the
@@ -146,7 +148,7 @@ def make_planner(spec: ArmSpec, cfg: NodeConfig, bank: TaskBank, policy) -> Plan
     return Planner(
         spec.payload, spec.defence, policy.model, policy.tokenizer,
         temperature=cfg.sampling.temperature, system_prompt=cfg.sampling.system_prompt,
-        questions=[bank.question(ref) for ref in refs],
+        questions=[bank.question(ref) for ref in refs], rotate=spec.rotate,
     )  # fmt: skip
 
 
@@ -249,6 +251,7 @@ def summary(run: ArmRun, extra: dict[str, Any] | None = None) -> dict[str, Any]:
             "rounds": spec.rounds,
             "every": spec.every,
             "questions": spec.questions,
+            "rotate": spec.rotate,
             "prompts": spec.prompts,
             "greedy": spec.greedy,
             "attackers": spec.attackers,
