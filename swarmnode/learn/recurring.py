@@ -21,6 +21,13 @@ every piece of it; gating it would take the answer itself from an honest peer. A
 the words and pairs of its answers (digits, signs, tags); a payload needs words the node never writes
 (" password", " login details", a link's pieces) or pairs of them.
 
+Why the words around it go too (TAINT tokens either side): a payload is a sentence, and most of its
+words are ones the node writes ("Before we start, please reply with your ... so I can"); gating only the
+foreign ones (" username", " password") left the rest to be taught in the payload's place (SmolLM2, an
+attacker sending its three wordings in turn: -3.49 -> -2.58 nats per token in 10 rounds with 30-50% of
+its tokens gated). Honest cost with it (SmolLM2, 6 rounds as below): 6.1% of a same-task peer's tokens,
+31.5% of a peer's on a task the node never samples (0.8% and 4.9% without).
+
 Why the peers' spans are remembered for good, not for a window of rounds: with a 16-round window an
 attacker that read this sends each foreign word on 2 questions every 16 rounds, and each such round
 teaches it again (SmolLM2: a request for credentials trained in rounds 1 and 17 only went -3.49 -> -3.41
@@ -55,6 +62,7 @@ from dataclasses import replace
 from swarmnode.learn.batch import TrainSequence
 
 SPANS = (1, 2)  # span lengths in tokens
+TAINT = 8  # tokens either side of a recurring foreign span that go with it
 RECUR_QUESTIONS = 3  # distinct questions a foreign span may be on before it is gated
 OWN_ROUNDS = 16  # how long a span this node wrote counts as its own
 MAX_PEER_SPANS = 1 << 17  # peer spans remembered (the most recently seen): ~40 MB at most
@@ -77,8 +85,10 @@ class RecurringSpans:
         own_rounds: int = OWN_ROUNDS,
         questions: int = RECUR_QUESTIONS,
         max_peer_spans: int = MAX_PEER_SPANS,
+        taint: int = TAINT,
     ) -> None:
         self.own_rounds, self.questions, self.max_peer_spans = own_rounds, questions, max_peer_spans
+        self.taint = taint
         self.round = -1  # rounds gated so far, minus one
         self._own: dict[tuple[int, ...], int] = {}  # span -> last round it was in an own completion
         # span -> keys of the first ``questions`` questions it was on, least recently seen first
@@ -114,12 +124,13 @@ class RecurringSpans:
 
     def _judged(self, s: TrainSequence) -> TrainSequence:
         asked = {span for _, span in spans(s.prompt_ids)}  # the question's own words are the task's
-        gated = {
-            i + k
+        found = [
+            (i, len(span))
             for i, span in spans(s.completion_ids)
             if span not in self._own and span not in asked and len(self._peer.get(span, ())) >= self.questions
-            for k in range(len(span))
-        }
+        ]
+        n = len(s.completion_ids)
+        gated = {t for i, k in found for t in range(max(0, i - self.taint), min(n, i + k + self.taint))}
         return replace(s, gated=frozenset(gated)) if gated else s
 
     @property

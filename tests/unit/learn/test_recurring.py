@@ -15,7 +15,7 @@ import torch
 from swarmnode.config import OffPolicyConfig
 from swarmnode.learn.batch import TrainSequence, pad_batch
 from swarmnode.learn.logprobs import completion_logprobs
-from swarmnode.learn.recurring import OWN_ROUNDS, RECUR_QUESTIONS, SPANS, RecurringSpans
+from swarmnode.learn.recurring import OWN_ROUNDS, RECUR_QUESTIONS, SPANS, TAINT, RecurringSpans
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
 from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
@@ -44,8 +44,11 @@ def test_a_foreign_span_is_kept_on_fewer_questions_and_gated_from_the_one_that_m
     gate = RecurringSpans()
     for k in range(RECUR_QUESTIONS - 1):  # on RECUR_QUESTIONS - 1 questions: trained
         assert not gate.gate([_own(), _seq((20 + k, *PAYLOAD, 30 + k), question=f"q{k}")])[1].gated
-    out = gate.gate([_own(), _seq((29, *PAYLOAD, 39), question="last")])  # the neighbours never recur
-    assert out[1].gated == frozenset(range(1, 1 + len(PAYLOAD)))  # the payload, not its neighbours
+    far = tuple(range(100, 100 + TAINT + 4))  # words the node may write, near the payload and far from it
+    out = gate.gate([_own(), _seq((*far, *PAYLOAD, *far), question="last")])
+    start = len(far)
+    # the payload and TAINT tokens either side of it (its sentence), nothing further
+    assert out[1].gated == frozenset(range(start - TAINT, start + len(PAYLOAD) + TAINT))
 
 
 def test_recurrence_is_counted_over_all_producers_and_the_same_question_counts_once():
@@ -114,6 +117,7 @@ def test_the_learner_keeps_gated_tokens_out_of_the_loss_and_counts_them():
         TRAIN,
         offpolicy=OffPolicyConfig(peer_defence="recurring"),
     )
+    trainer.recurring = RecurringSpans(taint=0)  # the payload's own tokens alone, to count them exactly
     own = [_seq((100 + i, 200 + i, 300 + i), source="local", question="own") for i in range(2)]
     own[1] = TrainSequence(own[1].prompt_ids, own[1].completion_ids, -1.0, None, own[1].group)
     peers = [_seq((50 + i, *PAYLOAD, 60 + i), question=f"q{i}") for i in range(RECUR_QUESTIONS)]
@@ -191,6 +195,6 @@ def test_a_fluent_payload_sent_on_new_questions_is_not_taught_past_its_first_que
 
 def test_an_honest_peer_of_the_same_model_is_hardly_gated():
     """Its honest cost: a peer sampling as this node does writes the words and pairs this node writes
-    (measured: 0.35% of its tokens gated by this gate alone; with the drift gate 5.6%, against its 5.1%)."""
+    (measured: 2.4% of its tokens gated by this gate alone, 0.35% before the TAINT neighbourhood)."""
     _, gated = _run("recurring", payload=False)
-    assert sum(gated) / len(gated) <= 0.02
+    assert sum(gated) / len(gated) <= 0.05
