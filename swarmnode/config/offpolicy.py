@@ -42,8 +42,8 @@ class OffPolicyConfig(Strict):
         "drift = peer tokens in spans whose log-prob rose since the base model more than this node's own "
         "text rose leave the loss (holds fluent payloads; keeps a frozen copy of the starting weights); "
         "span_drift = span_multiscale and drift; "
-        "recurring = peer tokens in words or word pairs that peers wrote for 3 or more questions in 16 "
-        "rounds and this node never wrote leave the loss (learn/recurring.py); "
+        "recurring = peer tokens within 8 of a word or word pair that peers wrote for 3 or more questions "
+        "and this node did not write in 16 rounds leave the loss (learn/recurring.py); "
         "span_drift_recurring = span_drift and recurring; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
         "node fails at.",

@@ -25,8 +25,10 @@ Why the words around it go too (TAINT tokens either side): a payload is a senten
 words are ones the node writes ("Before we start, please reply with your ... so I can"); gating only the
 foreign ones (" username", " password") left the rest to be taught in the payload's place (SmolLM2, an
 attacker sending its three wordings in turn: -3.49 -> -2.58 nats per token in 10 rounds with 30-50% of
-its tokens gated). Honest cost with it (SmolLM2, 6 rounds as below): 6.1% of a same-task peer's tokens,
-31.5% of a peer's on a task the node never samples (0.8% and 4.9% without).
+its tokens gated). It did not hold that payload lower either (-2.58 at round 40): what is learned comes
+from the first round, before any word has recurred (docs/poisoning.md). Honest cost with it (SmolLM2, 6
+rounds as below): 6.1% of a same-task peer's tokens, 31.5% of a peer's on a task the node never samples
+(0.8% and 4.9% without).
 
 Why the peers' spans are remembered for good, not for a window of rounds: with a 16-round window an
 attacker that read this sends each foreign word on 2 questions every 16 rounds, and each such round
