@@ -97,13 +97,13 @@ def _write(tmp: Path, round_: int, policy_version: int, model, optimizer, digest
 
 
 def _prune(root: Path, keep: int) -> None:
-    for stale in _candidates(root)[keep:]:
+    for stale in candidates(root)[keep:]:
         shutil.rmtree(stale, ignore_errors=True)
     for tmp in root.glob(f".tmp-{PREFIX}*"):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _candidates(root: Path) -> list[Path]:
+def candidates(root: Path) -> list[Path]:
     """Checkpoint folders, newest first."""
     found = []
     for path in root.glob(f"{PREFIX}*"):
@@ -138,7 +138,7 @@ def validate(path: Path) -> CheckpointInfo:
 
 def newest_valid(root: Path, log=log) -> CheckpointInfo | None:
     """The newest checkpoint that passes validation; invalid newer ones are reported and skipped."""
-    for path in _candidates(root) if root.is_dir() else []:
+    for path in candidates(root) if root.is_dir() else []:
         try:
             info = validate(path)
             if path.name != f"{PREFIX}{info.round:06d}":  # resuming from it would skip or repeat rounds
@@ -156,7 +156,7 @@ def choose(run_dir: Path, *, path: Path | None = None, round_: int | None = None
     if round_ is not None:
         path = Path(run_dir) / "checkpoints" / f"{PREFIX}{round_:06d}"
         if not path.is_dir():
-            kept = sorted(p.name for p in _candidates(Path(run_dir) / "checkpoints")) or "none"
+            kept = sorted(p.name for p in candidates(Path(run_dir) / "checkpoints")) or "none"
             raise ConfigError(f"--round {round_}: no checkpoint of that round in {run_dir} (kept: {kept})")
     if path is None:
         return newest_valid(Path(run_dir) / "checkpoints")

@@ -72,12 +72,12 @@ def checkpoints_after(root: Path, after: int) -> list:
     from swarmnode import checkpoint
 
     found = []
-    for path in root.glob(f"{checkpoint.PREFIX}*"):
-        with contextlib.suppress(ValueError, OSError):  # a folder being pruned, or not a checkpoint
+    for path in reversed(checkpoint.candidates(root)):
+        with contextlib.suppress(ValueError, OSError):  # a folder being pruned
             info = checkpoint.validate(path)
             if info.round > after:
                 found.append(info)
-    return sorted(found, key=lambda info: info.round)
+    return found
 
 
 def yardstick(spec: ArmSpec, cfg, work: Path):
@@ -119,22 +119,23 @@ def run_live(spec: ArmSpec, work: Path, summary_dir: Path, extra: dict) -> Path:
         print(f"attacker up: identities {ready['peers']} on host {ready['host']}", flush=True)
         measure, policy = yardstick(spec, cfg, work / "measure")
         run = ArmRun(spec, cfg, ready["peers"])
-        t0 = time.perf_counter()
+        t0, written = time.perf_counter(), None
 
         def take(round_: int, complete: bool = False) -> None:
+            nonlocal written
             run.checkpoints.append(measure.take(round_))
             status = node.status() if (work / "node" / "status.json").exists() else {}  # after its round 1
             run.rounds = read_jsonl(work / "node" / "metrics.jsonl")
             run.rejections = status.get("rejected", {})
             run.accepted_groups = status.get("rollouts", {}).get("groups_accepted", 0)
             run.wall_s, run.complete = time.perf_counter() - t0, complete
-            path = write_summary(
+            written = write_summary(
                 summary_dir, {**summary(run, extra), "live": True, "published": host.said("PUBLISHED")}, spec
             )
             c = run.checkpoints[-1]
             print(
                 f"round {round_}: payload {c.logprob_token[spec.payload]:.3f} nats/token, "
-                f"shown {c.attack}; {path}",
+                f"shown {c.attack}; {written}",
                 flush=True,
             )
 
@@ -156,7 +157,7 @@ def run_live(spec: ArmSpec, work: Path, summary_dir: Path, extra: dict) -> Path:
                 )
             time.sleep(POLL_S)
         node.wait(timeout_s=300)
-        return summary_dir / f"{spec.name}-seed{spec.seed}.json"
+        return written
     finally:
         if host is not None:  # ours, by its PID: SIGTERM shuts its DHT and p2pd down, then it exits
             host.proc.terminate()

@@ -34,8 +34,8 @@ class SamplingConfig(Strict):
         le=16,
         description="An experiment's setting (E3, docs/sharing.md): sample with the weights of this many "
         "rounds ago, as a node whose sampling lags its training; its own and its published groups are that "
-        "stale. Keeps "
-        "lag_rounds + 1 copies of the weights and samples with transformers (sampler/lagging.py). 0 = off.",
+        "stale. Keeps lag_rounds + 1 copies of the weights and samples with transformers "
+        "(sampler/lagging.py). 0 = off.",
     )
     vllm_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="vLLM's compute dtype; auto = bfloat16 where the hardware has it natively."

@@ -105,14 +105,22 @@ class RecurringSpans:
         self.round += 1
         oldest = self.round - self.own_rounds + 1
         self._own = {span: r for span, r in self._own.items() if r >= oldest}
+        peers = [s for s in sequences if s.group.provenance.source != "local"]
         for s in (*sequences, *own_untrained):
             if s.group.provenance.source == "local":
                 for _, span in spans(s.completion_ids):
                     self._own[span] = self.round
+        for s in peers:
+            self._remember(s)
+        asked: dict[tuple[int, ...], set[tuple[int, ...]]] = {}  # prompt -> its spans: the task's own words
+        out = []
         for s in sequences:
             if s.group.provenance.source != "local":
-                self._remember(s)
-        return [s if s.group.provenance.source == "local" else self._judged(s) for s in sequences]
+                if s.prompt_ids not in asked:  # once per question, not per completion
+                    asked[s.prompt_ids] = {span for _, span in spans(s.prompt_ids)}
+                s = self._judged(s, asked[s.prompt_ids])
+            out.append(s)
+        return out
 
     def _remember(self, s: TrainSequence) -> None:
         question = hash(s.group.question)
@@ -124,8 +132,7 @@ class RecurringSpans:
         while len(self._peer) > self.max_peer_spans:
             self._peer.popitem(last=False)
 
-    def _judged(self, s: TrainSequence) -> TrainSequence:
-        asked = {span for _, span in spans(s.prompt_ids)}  # the question's own words are the task's
+    def _judged(self, s: TrainSequence, asked: set[tuple[int, ...]]) -> TrainSequence:
         found = [
             (i, len(span))
             for i, span in spans(s.completion_ids)

@@ -159,23 +159,19 @@ class Hostile:
                 self.publish_roster()
             time.sleep(min(0.2, left))
 
-    def honest_round(self, key: str = "roster") -> int | None:
-        """The round in the honest node's roster card (``key`` "roster", re-put on its own timer: None
-        until it joined), or in its batch announcement ("announce", put as each of its exchanges starts:
-        the phase of its rounds)."""
-        if key == "roster":
-            dht_key, expected_type = dht_rules.roster_key(self.swarm_id, self.honest_peer), limits.ROSTER_CARD
-        else:
-            dht_key, expected_type = (
-                dht_rules.announce_key(self.swarm_id, self.honest_peer),
-                limits.BATCH_ANNOUNCEMENT,
-            )
+    def honest_round(self) -> int | None:
+        """The round in the honest node's batch announcement (put as each of its exchanges starts: the
+        phase of its rounds); None before its first."""
+        dht_key = dht_rules.announce_key(self.swarm_id, self.honest_peer)
         record = self.transport.records.get(dht_key).get(self.honest_peer)
         if record is None:
             return None
         try:
             message, _ = codec.decode_message(
-                record, swarm_id=self.swarm_id, expected_type=expected_type, expected_peer_id=self.honest_peer
+                record,
+                swarm_id=self.swarm_id,
+                expected_type=limits.BATCH_ANNOUNCEMENT,
+                expected_peer_id=self.honest_peer,
             )
         except limits.ProtocolError:
             return None
@@ -190,7 +186,7 @@ class Hostile:
         a loaded 2-core CI machine: 180 s at the barrier, the replay control never pulled)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            found = self.honest_round("announce")
+            found = self.honest_round()
             if found is not None:
                 return found
             self.sleep(0.5)
@@ -202,10 +198,10 @@ class Hostile:
         read by then. With ``settle_s`` 0 it returns early in an exchange: a batch announced then is pulled
         in it (one announced late in an exchange and found by the poll after its end is of the last wave,
         dropped for an author with standing: exchange/round_budget.py)."""
-        start = self.honest_round("announce") or 0
+        start = self.honest_round() or 0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            now = self.honest_round("announce")
+            now = self.honest_round()
             if now is not None and now > start:
                 break
             self.sleep(0.4)
@@ -458,7 +454,7 @@ class Hostile:
             if self.send(f"over_limit_{attempt + 1}", data, batch, bytes=len(data))["served"]:
                 break
         # keep flooding into the next honest exchange: none of it is pulled any more
-        start = self.honest_round("announce") or 0
+        start = self.honest_round() or 0
         digests = []
         for _ in range(12):
             batch, data = big(informative=True)
@@ -466,7 +462,7 @@ class Hostile:
             self.transport.payloads.offer(digests[-1], data)
             self.announce(digests[-1], len(data), batch)
             self.sleep(0.5)
-            if (self.honest_round("announce") or 0) > start:
+            if (self.honest_round() or 0) > start:
                 break
         self.sleep(SETTLE_S)
         for i, digest in enumerate(digests):
