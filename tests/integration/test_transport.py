@@ -29,7 +29,7 @@ import pytest
 from swarmnode.config import SwarmConfig
 from swarmnode.errors import PeerError, TransportError
 from swarmnode.identity import Identity
-from swarmnode.swarm.net.payloads import PayloadServer
+from swarmnode.swarm.net.payloads import MAX_PULLERS, PULLED_BATCHES, PayloadServer
 from swarmnode.swarm.net.transport import Transport
 from swarmnode.swarm.wire import codec, dht_rules, protocol
 from swarmnode.swarm.wire.framing import PAYLOAD_STREAM
@@ -264,6 +264,31 @@ def test_offer_keeps_only_the_newest_payloads(swarm):
         swarm.a.fetch(c.peer_id, digests[0], timeout_s=5)
     assert info.value.reason == "not_found"
     assert swarm.a.fetch(c.peer_id, digests[2], timeout_s=5) == blobs[2]
+
+
+def test_the_server_remembers_who_pulled_its_own_last_batches(swarm):
+    """The peers a publish notifies past its ring (exchange/fanout.py): those served one of our last
+    PULLED_BATCHES own offers in full, the most recent first, at most MAX_PULLERS; a held batch's pullers,
+    a "not here" and an older offer's pullers are not."""
+    a, b, c = swarm.a, swarm.b, swarm.c
+    own = [os.urandom(2000) for _ in range(PULLED_BATCHES + 1)]
+    digests = [hashlib.sha256(blob).digest() for blob in own]
+    held = os.urandom(1000)
+    a.payloads.offer(digests[0], own[0])
+    a.payloads.offer(hashlib.sha256(held).digest(), held, held=True)
+    assert c.fetch(a.peer_id, hashlib.sha256(held).digest(), timeout_s=5) == held  # a peer's batch we hold
+    with pytest.raises(PeerError):
+        c.fetch(a.peer_id, b"\x01" * 32, timeout_s=5)
+    assert b.fetch(a.peer_id, digests[0], timeout_s=5) == own[0]
+    assert _poll(a.payloads.recent_pullers, lambda got: got == [b.peer_id]) == [b.peer_id]  # served after the read
+    a.payloads.offer(digests[1], own[1])
+    assert c.fetch(a.peer_id, digests[1], timeout_s=5) == own[1]
+    assert _poll(a.payloads.recent_pullers, lambda got: len(got) == 2) == [c.peer_id, b.peer_id]
+    a.payloads.offer(digests[2], own[2])  # b's batch is now PULLED_BATCHES offers old
+    assert a.payloads.recent_pullers() == [c.peer_id]
+    for i in range(2 * MAX_PULLERS):  # a flood of pullers: the most recent MAX_PULLERS are kept
+        a.payloads._served(f"puller-{i}", digests[2])
+    assert a.payloads.recent_pullers() == [f"puller-{i}" for i in reversed(range(MAX_PULLERS, 2 * MAX_PULLERS))]
 
 
 def test_a_timed_out_pull_closes_the_connection_and_the_next_pull_dials_afresh(swarm):

@@ -44,7 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from swarmnode.common import BoundedSet, log
 from swarmnode.swarm.exchange import fanout
@@ -345,13 +345,18 @@ class Roster:
         with self._lock:
             return [peer for peer in self.cards if not self.book.is_banned(peer)]
 
-    def notice_targets(self, count: int = NOTICE_FANOUT) -> list[str]:
+    def notice_targets(self, count: int = NOTICE_FANOUT, pullers: Sequence[str] = ()) -> list[str]:
         """Whom a new batch's notice goes to: ``count`` members on the ring of peers with standing
-        (exchange/fanout.py), peers without standing only while the ring is short of them."""
+        (exchange/fanout.py), peers without standing only while the ring is short of them; then up to
+        ``fanout.PULLER_NOTICES`` of ``pullers`` (the members that pulled our last batches, most recent
+        first) not among those, members with standing first."""
         members = self.members()
         standing = [peer for peer in members if self.book.has_standing(peer)]
         others = [peer for peer in members if not self.book.has_standing(peer)]
-        return fanout.notice_targets(self.own_peer_id, standing, others, count)
+        targets = fanout.notice_targets(self.own_peer_id, standing, others, count)
+        known = set(members) - {self.own_peer_id}
+        wanting = sorted((p for p in pullers if p in known), key=lambda p: not self.book.has_standing(p))
+        return fanout.with_pullers(targets, wanting)
 
     def _signed_last(self, peer: str) -> float:
         return self.progress(peer)[2]

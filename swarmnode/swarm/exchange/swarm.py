@@ -131,8 +131,8 @@ class Swarm:
     def publish(
         self, round_: int, policy_version: int, groups: list[RolloutGroup], deadline: float | None = None
     ) -> None:
-        """Offer ``groups`` as one signed batch, notify NOTICE_FANOUT roster peers (the rest poll), store the
-        announcement off the path."""
+        """Offer ``groups`` as one signed batch, notify NOTICE_FANOUT roster peers and the peers that pulled
+        our last batches (exchange/fanout.py; the rest poll), store the announcement off the path."""
         groups = groups[: limits.MAX_GROUPS_PER_BATCH]
         if not groups:
             return
@@ -149,7 +149,7 @@ class Swarm:
         announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
         self.transport.payloads.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
-        peers = self.roster.notice_targets()
+        peers = self.roster.notice_targets(pullers=self.transport.payloads.recent_pullers())
         notices.notify(self.transport, peers, self.identity.peer_id, record, self.announcer.card_record)
 
         def store_fallback() -> None:

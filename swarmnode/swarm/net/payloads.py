@@ -24,7 +24,12 @@ one of a peer holding more streams than the newcomer would: a stream being serve
 reader took less than SERVE_MIN_BYTES_PER_S since (a reader that asked and never reads). An idle or stalled
 stream costs its holder the slot, not the next honest puller; and a peer cannot evict its way past its fair
 share, so Sybils that ask and never read cannot churn each other out to keep every slot fresh. The handler
-runs on the transport's event loop and never blocks it; every failure is counted, none escapes."""
+runs on the transport's event loop and never blocks it; every failure is counted, none escapes.
+
+The server also remembers who took this node's own batches (``recent_pullers``: the peers served one of
+its last PULLED_BATCHES own offers in full, at most MAX_PULLERS): a peer that pulled our last batch is one
+that wants our next, and its notice should not hang on our place in its ring (exchange/fanout.py). It is
+what this node measured (a stream it served), never what a peer says."""
 
 from __future__ import annotations
 
@@ -56,6 +61,8 @@ SERVE_MIN_BYTES_PER_S = 256 * 1024  # ... (half the rate a puller waits for) ...
 SERVE_MAX_S = 15.0  # ... and at most this (a 4 MiB answer: 15 s; a puller waits at most 10 s)
 RESERVED_SLOT_SHARE = 0.5  # share of max_streams only peers in good standing may use
 MAX_OPEN_STREAMS_PER_ORIGIN = 8  # of the open share, streams from one IPv4 /24 or IPv6 /48 (a quarter)
+PULLED_BATCHES = 2  # own offers whose pullers count as recent (the last one's pulls may still be going on)
+MAX_PULLERS = 64  # pullers remembered, the most recently served (a stream each, so a bounded set anyway)
 
 
 @dataclass(eq=False)
@@ -105,6 +112,8 @@ class PayloadServer:
         self._payloads_lock = threading.Lock()
         self._held: dict[bytes, int] = {}  # digest -> size of the peers' payloads in _payloads
         self._own_latest = b""  # digest of our own newest offer: never evicted
+        self._own_recent: list[bytes] = []  # our last PULLED_BATCHES own offers, oldest first
+        self._pullers: OrderedDict[str, bytes] = OrderedDict()  # peer -> own digest last served, newest last
         self._allow: Callable[[str], bool] = lambda _peer: True
         self._good: Callable[[str], bool] = lambda _peer: False
         self.open_slots = max_streams - int(max_streams * RESERVED_SLOT_SHARE)  # for any peer
@@ -141,6 +150,7 @@ class PayloadServer:
             else:
                 self._held.pop(digest, None)
                 self._own_latest = digest
+                self._own_recent = [*self._own_recent, digest][-PULLED_BATCHES:]
             while (
                 len(self._payloads) > self.payload_capacity
                 or sum(self._held.values()) > MAX_HELD_PAYLOAD_BYTES
@@ -153,6 +163,14 @@ class PayloadServer:
         with self._payloads_lock:
             self._payloads.clear()
             self._held.clear()
+            self._own_recent = []
+            self._pullers.clear()
+
+    def recent_pullers(self) -> list[str]:
+        """The peers served one of our last PULLED_BATCHES own offers in full, the most recent first."""
+        with self._payloads_lock:
+            recent = set(self._own_recent)
+            return [peer for peer, digest in reversed(self._pullers.items()) if digest in recent]
 
     def set_peer_filter(self, allow: Callable[[str], bool]) -> None:
         """``allow(peer_id)`` is asked for every incoming stream and before every fetch (ban lists)."""
@@ -293,6 +311,7 @@ class PayloadServer:
             try:
                 await asyncio.wait_for(self._send_payload(writer, digest), self.answer_deadline_s(digest))
                 done = True
+                self._served(peer, digest)
             except (TimeoutError, ConnectionError):  # too slow a reader, it hung up, or it was evicted
                 if not slot.released:
                     self._counts.add("aborted")
@@ -309,6 +328,16 @@ class PayloadServer:
                     writer.close()  # flushes what is left: the reader took the answer in time
             else:
                 _abort(writer)
+
+    def _served(self, peer: str, digest: bytes) -> None:
+        """``peer`` took the whole answer for ``digest``: a puller, if it is one of our own offers."""
+        with self._payloads_lock:
+            if digest not in self._own_recent or digest not in self._payloads:  # a "not here" is no pull
+                return
+            self._pullers.pop(peer, None)
+            self._pullers[peer] = digest
+            while len(self._pullers) > MAX_PULLERS:
+                self._pullers.popitem(last=False)
 
     def answer_deadline_s(self, digest: bytes) -> float:
         """How long the reader may take to take the answer for ``digest``: SERVE_BASE_S + its bytes /

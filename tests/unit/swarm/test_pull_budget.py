@@ -134,6 +134,29 @@ def test_a_notice_goes_to_a_bounded_fanout_with_standing_peers_first(world):
     assert set(world.roster.notice_targets(len(authors) + 5)) == {a.peer_id for a in authors}
 
 
+def test_the_peers_that_pulled_our_last_batches_get_the_notice_too_bounded_standing_first(world):
+    """A node trains on the peers it scores highest, and the ring seldom makes those its senders: their
+    batches reached it by the poll (16 nodes: used-by p95 4.0 s). The pullers of our last batches (what the
+    payload server measured) are notified past the ring, at most PULLER_NOTICES of them, members with
+    standing first; a puller that is not a member, or this node, never."""
+    authors = world.authors(4 * NOTICE_FANOUT)
+    with_standing = {a.peer_id for a in authors[: 2 * NOTICE_FANOUT]}
+    for peer in with_standing:
+        world.book.credit_trained(peer)
+    world.service.refresh_roster()
+    ring = world.roster.notice_targets()
+    assert len(ring) == NOTICE_FANOUT and set(ring) < with_standing  # this minute's ring
+    standing_off_ring = sorted(with_standing - set(ring))[0]
+    newcomers = [a.peer_id for a in authors[2 * NOTICE_FANOUT :]]
+    pullers = ["not-a-member", world.roster.own_peer_id, *newcomers, standing_off_ring]  # newest first
+    targets = world.roster.notice_targets(pullers=pullers)
+    assert targets[:NOTICE_FANOUT] == ring
+    assert len(targets) == NOTICE_FANOUT + fanout.PULLER_NOTICES == len(set(targets))
+    assert targets[NOTICE_FANOUT:] == [standing_off_ring, *newcomers[: fanout.PULLER_NOTICES - 1]]
+    assert world.roster.notice_targets(pullers=ring) == ring  # pullers on the ring: nothing more
+    assert fanout.with_pullers(["a"], ["b", "a", "b", "c"], count=1) == ["a", "b"]
+
+
 def test_on_the_ring_every_node_receives_exactly_the_fanout_and_the_senders_rotate():
     """Random targets gave some nodes 4 notices a round and the rest of their budget to late poll finds;
     on the ring each of N nodes receives exactly NOTICE_FANOUT, whatever N, from senders that change with
