@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 
 from benchmarks.simulation.node import Batch, EventLoop, Observer
 from benchmarks.simulation.scenario import Protocol, Scenario
-from swarmnode.swarm.exchange.fanout import notice_targets
+from swarmnode.swarm.exchange.fanout import notice_targets, with_pullers
+from swarmnode.swarm.net.payloads import PULLED_BATCHES
 from swarmnode.swarm.exchange.swarm import round_ttl_s
 
 
@@ -94,6 +95,10 @@ class Simulation:
         self.views: list[list[int]] = []
         self.observers: dict[int, Observer] = {}
         self.latest: dict[int, Batch] = {}
+        # author -> observer -> the newest of the author's batches it pulled (fanout.with_pullers), and the
+        # author's last batches, the one being published last
+        self.pulled_by: dict[int, dict[int, int]] = {}
+        self.recent_ids: dict[int, deque[int]] = {}
         self.batches: list[Batch] = []
         self.departed: deque[float] = deque()
         self.tallies: Counter[str] = Counter()
@@ -196,6 +201,7 @@ class Simulation:
         batch = Batch(len(self.batches), nid, self.loop.now, self.silent[nid], informative)
         self.batches.append(batch)
         self.latest[nid] = batch
+        self.recent_ids.setdefault(nid, deque(maxlen=PULLED_BATCHES + 1)).append(batch.id)
         if self.in_window():
             self.totals["silent_rounds" if batch.silent else "honest_rounds"] += 1
         if self.protocol.gossip:
@@ -259,11 +265,11 @@ class Simulation:
                 continue
             view = self.views[node]
             if proto.ring and hop == 0:
-                targets = self.ring_targets(node)
+                targets = self._with_pullers(node, self.ring_targets(node))
             else:
                 drawn = rng.sample(view, min(proto.fanout + 2, len(view)))
                 targets = [p for p in drawn if p != sender and p != batch.author]  # neither is sent it back
-            for i, peer in enumerate(targets[: proto.fanout]):
+            for i, peer in enumerate(targets[: proto.fanout + proto.puller_notices * (hop == 0)]):
                 sent += 1
                 if not self.alive[peer]:
                     view[view.index(peer)] = self.live[rng.randrange(len(self.live))]
@@ -301,6 +307,21 @@ class Simulation:
             others = [m for m in view if m not in on_ring]
             targets += self.rng.sample(others, min(count - len(targets), len(others)))
         return targets
+
+    def note_pull(self, observer: int, batch: Batch) -> None:
+        """An observer pulled ``batch`` (what its author's payload server remembers)."""
+        self.pulled_by.setdefault(batch.author, {})[observer] = batch.id
+
+    def _with_pullers(self, author: int, targets: list[int]) -> list[int]:
+        """``targets`` and up to ``puller_notices`` observers off them that pulled one of the author's
+        PULLED_BATCHES batches before the one being published (pullers among the observers only: all nodes
+        up to ``Scenario.observers``), the most recent first; standing is not modelled here."""
+        if not self.protocol.puller_notices:
+            return targets
+        mine = list(self.recent_ids.get(author, ()))[:-1]
+        pulled = self.pulled_by.get(author, {})
+        recent = sorted((p for p, b in pulled.items() if b in mine), key=lambda p: -pulled[p])
+        return with_pullers(targets, recent, self.protocol.puller_notices)
 
     # -- what an observer asks of the swarm ----------------------------------------------------------
     def pull_outcome(self, batch: Batch, share: str) -> tuple[float, bool]:

@@ -236,6 +236,7 @@ class Observer:
             return
         self.active[share] -= 1
         if ok:
+            self.sim.note_pull(self.id, batch)
             self.sim.tally(self, "bytes_in", self.sim.scenario.batch_bytes)
             self.verifier.submit(self.sim.scenario.verify_s, self.verified, batch)
         else:

@@ -34,6 +34,8 @@ class Protocol:
     view: int = 0  # V, the active view (gossip)
     fanout: int = 0  # D
     ring: bool = False  # the publisher's D on the ring of its peers with standing (fanout.py); else at random
+    # ... and up to this many observers off those D that pulled one of its last batches (fanout.with_pullers)
+    puller_notices: int = 0
     hops: int = 0  # H: a notice seen first at hop h < H is forwarded (the publisher's send is hop 0)
     k_factor: float = 0.0  # K = k_factor x J pulls a round; 0: every batch heard of
     # what K counts: "all" pulls, an exploration share of it for authors without standing, pending batches
@@ -78,14 +80,15 @@ class Protocol:
     @classmethod
     def bounded(cls) -> Protocol:
         """The code's bounded exchange: the roster is the view; a publish notifies ``NOTICE_FANOUT`` of it
-        on the ring of its peers with standing and nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
+        on the ring of its peers with standing and ``PULLER_NOTICES`` of its last batches' pullers, and
+        nobody forwards; at most ``PULLS_PER_PEER_GROUP`` x J
         first pulls of authors with standing a round, of batches announced in its window, and K first chances
         of authors without (``round_budget.RoundBudget.exploration_spent``; the model counts batches, the
         code new authors); a page of ``ROSTER_PAGE_SHARDS`` shards read every ``roster_page_gap_s``, every
         ``FULL_VIEW_PAGE_GAP_S`` once the view (``roster.VIEW_SIZE`` cards) is full."""
         return cls(
             name="bounded", gossip=True, view=roster.VIEW_SIZE, fanout=fanout.NOTICE_FANOUT, ring=True,
-            hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
+            puller_notices=fanout.PULLER_NOTICES, hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
             exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS, roster_read_s=None,
             roster_read_full_s=service.FULL_VIEW_PAGE_GAP_S,
         )  # fmt: skip

@@ -143,6 +143,24 @@ def test_on_the_ring_every_node_receives_exactly_d_notices_a_wave_and_the_sender
     assert all(sim.ring_targets(author) != first[author] for author in range(32))
 
 
+def test_a_publish_also_notifies_the_pullers_of_its_last_batches_off_the_ring():
+    """The code's puller notices (fanout.with_pullers): observers off the ring that pulled one of the
+    author's PULLED_BATCHES batches before the one being published, at most PULLER_NOTICES."""
+    sim = _started(32, Protocol.bounded(), until=2 * QUICK["round_s"])
+    author = 0
+    ring = sim.ring_targets(author)
+    off_ring = [n for n in range(1, 32) if n not in ring]
+    sim.pulled_by[author] = {peer: -1 for peer in off_ring}  # pulled a batch older than the last ones
+    assert sim._with_pullers(author, ring) == ring
+    sim.publish(author)
+    before = list(sim.recent_ids[author])[-2]  # the batch before its newest (which _with_pullers publishes)
+    sim.pulled_by[author] = {peer: before for peer in off_ring}
+    extra = sim._with_pullers(author, ring)[len(ring) :]
+    assert len(extra) == fanout.PULLER_NOTICES and set(extra) < set(off_ring)
+    sim.publish(author)  # the batch they pulled is now two before: they are still its pullers
+    assert len(sim._with_pullers(author, sim.ring_targets(author))) > len(sim.ring_targets(author))
+
+
 def test_the_ring_leaves_out_silent_members_who_never_earn_standing():
     sim = _started(64, Protocol.bounded(), until=2 * QUICK["round_s"], silent_share=0.3)
     silent = {n for n in range(64) if sim.silent[n]}

@@ -147,9 +147,10 @@ class Swarm:
         data = codec.encode_message(self.identity, self.swarm_id, batch)
         seq, timestamp = self._stamps.stamp()
         announcement = protocol.announcement_for(batch, data, timestamp=timestamp, seq=seq)
+        pullers = self.transport.payloads.recent_pullers()  # of our last batches, before this one is offered
         self.transport.payloads.offer(announcement.payload_sha256, data)
         record = codec.encode_message(self.identity, self.swarm_id, announcement)
-        peers = self.roster.notice_targets(pullers=self.transport.payloads.recent_pullers())
+        peers = self.roster.notice_targets(pullers=pullers)
         notices.notify(self.transport, peers, self.identity.peer_id, record, self.announcer.card_record)
 
         def store_fallback() -> None:
