@@ -193,12 +193,16 @@ class Arrivals:
 
     def _over(self, peers: set[str], round_: int, wanted: int, deadline: float) -> str:
         """Why a round's wait for ``peers`` ends now, or "" while it goes on (the share trace records it):
-        no peer to wait for, every one settled, the pool can fill J with groups of this round, the round's
-        pull budget is spent (nothing more comes), or the share deadline passed. The caller holds the lock."""
-        if not peers:
-            return "nobody"
-        if peers <= self._settled:
-            return "settled"
+        no peer to wait for or every one settled, and no pull still going; the pool can fill J with groups
+        of this round; the round's pull budget is spent (nothing more comes); or the share deadline passed.
+        Settled peers alone do not end it while a pull is going: a fresh swarm's second round waits for the
+        one or two peers it has trained on, and ended with the batches of the others half pulled (8
+        loopback nodes: 3 of 48 rounds short of J). The caller holds the lock."""
+        if self._expected <= self._settled:
+            if not peers:
+                return "nobody"
+            if peers <= self._settled:
+                return "settled"
         # filled: by groups that no batch still to come could outrank (a pull settles on arrival)
         unannounced = self._unannounced - self._settled if time.monotonic() < self._grace_end else set()
         floor = max((self._rank(author) for author in self._expected - self._settled), default=-math.inf)

@@ -106,6 +106,28 @@ def test_the_round_is_woken_once_per_usable_change_and_never_for_a_batch_that_ca
     assert arrivals.snapshot().counters.duplicate_groups == 2
 
 
+def test_a_pull_still_going_holds_a_round_whose_awaited_peers_have_settled():
+    """A fresh swarm's second round waits for the one peer it trained on; once that one delivered, the round
+    ended "settled" with the batch of a peer it has no standing for half pulled (8 loopback nodes: 3 of 48
+    rounds short of J). Now it waits for that pull and takes J."""
+    arrivals = Arrivals(GroupPool(random.Random(0)))
+    arrivals.open_round(0)
+    arrivals.expect({"newcomer"})  # its pull has started
+    ended: list[tuple[str, set[str]]] = []
+    wait = threading.Thread(
+        target=lambda: ended.append(arrivals.wait_for({"known"}, bool, 0, 2, time.monotonic() + 60)),
+        daemon=True,
+    )
+    wait.start()
+    arrivals.add("known", [group("known", 1)], **HOW)  # every awaited peer settled: J = 2 not filled
+    time.sleep(QUIET_S)
+    assert not ended  # the old code: ("settled", {"known"}) with one group of J = 2
+    arrivals.add("newcomer", [group("newcomer", 2)], **HOW)
+    wait.join(WAIT_S)
+    assert ended == [("settled", {"known"})]  # every peer settled and no pull going: now it ends
+    assert len(arrivals.take(0, 2, {"known"}).groups) == 2
+
+
 HOW = {"source": "notice", "delay_s": 0.1}
 ADDERS = 4  # service-side threads, each adding the verified batches of one producer
 BATCHES = 300  # per adder, each of GROUPS_PER_BATCH new informative groups
