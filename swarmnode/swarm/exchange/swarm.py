@@ -3,13 +3,14 @@
 ``Swarm`` is a thin façade: it builds the parts (transport, standing, verifier, roster, announcer, the
 data plane's service and the arrivals it fills) and hands each what it uses. Per round (``exchange``)
 the node (1) puts its local groups into one signed RolloutBatch, offers the payload, pushes the signed
-announcement to every roster peer (``net.notices``) and stores it in the DHT; (2) takes from the pool
-that the service (``exchange.service``, beside the round loop) keeps filled with verified peer groups,
-waiting (``Arrivals.wait_for``, never past the share deadline) only while the pool lacks J informative
-groups that arrived this round and some live peer has not delivered since our last round (peers without
-standing only while no live peer has it, and until their first miss: ``Roster.to_wait_for``); (3) chooses J
-peer groups (``GroupPool.select``: zero-advantage groups dropped after local re-scoring, round-robin
-across producers, at most ``producer_cap(J)`` from one). Each peer group is trained on at most once.
+announcement to its notice targets (``exchange.fanout``: a ring, and its last batches' pullers) and
+stores it in the DHT; (2) takes from the pool that the service (``exchange.service``, beside the round
+loop) keeps filled with verified peer groups, waiting (``Arrivals.wait_for``, never past the share
+deadline) only while the pool lacks J informative groups that arrived this round and some live peer has
+not delivered since our last round (peers without standing only while no live peer has it, and until
+their first miss: ``Roster.to_wait_for``) or a pull is still going; (3) chooses J peer groups
+(``GroupPool.select``: zero-advantage groups dropped after local re-scoring, by freshness and score, at
+most ``producer_cap(J)`` from one producer). Each peer group is trained on at most once.
 
 What it writes down: status.json (``exchange.status``), the peer_groups.jsonl audit trail and the opt-in
 share trace (``exchange.records``).
