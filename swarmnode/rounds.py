@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from swarmnode.config import NodeConfig
@@ -19,12 +19,13 @@ from swarmnode.learn.peer_defence import budget_by_producer, rescue_only
 from swarmnode.learn.replay import ReplayBuffer
 from swarmnode.learn.trainer import Trainer
 from swarmnode.prompts import encode_prompt
-from swarmnode.rollouts import Provenance, RolloutGroup
+from swarmnode.rollouts import Provenance, RolloutGroup, TaskRef
 from swarmnode.round_record import RoundRecord
 from swarmnode.sampler import Sampler
-from swarmnode.tasks import TaskBank
+from swarmnode.tasks import Question, TaskBank
 
 Exchange = Callable[[int, list[RolloutGroup]], list[RolloutGroup]]
+RESAMPLE_SEED_OFFSET = 500_000  # the ``questions`` defence's sampling seed: apart from the round's own draws
 
 
 @dataclass
@@ -55,9 +56,38 @@ def _mean(values: Sequence[float]) -> float:
 def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], int, float]:
     """This round's local question groups, scored; also returns the number of sampled tokens and the
     seconds spent scoring."""
-    cfg = ctx.cfg
-    refs = ctx.bank.draw(round_, cfg.sampling.questions_per_round)
+    refs = ctx.bank.draw(round_, ctx.cfg.sampling.questions_per_round)
     questions = [ctx.bank.question(ref) for ref in refs]
+    return _sample(ctx, round_, questions, ctx.cfg.train.seed * 1_000_003 + round_)
+
+
+def resample_peer_questions(
+    ctx: RoundContext, round_: int, peer_groups: Sequence[RolloutGroup]
+) -> tuple[list[RolloutGroup], dict[int, str], int, float]:
+    """``offpolicy.peer_defence=questions`` ("questions, not text"): this node's own completions of the
+    questions its peers' groups were informative on, in place of the peers' text, so no peer token is
+    ever trained on and no payload can ride on one. A peer still tells the node which questions are worth
+    practising (ones its policy got partly right, which a node of the same model likely gets partly right
+    too: an informative group). The question is regenerated from its task reference (``TaskBank.question``),
+    never read from the peer. Returns the own groups (one per distinct question, in exchange order), which
+    peer pointed to each (``id(group)`` -> producer: its credit, ``trained_peer_groups``), the tokens
+    sampled and the seconds spent scoring. The extra sampling is bounded by J questions a round."""
+    pointed: dict[str, tuple[TaskRef, str]] = {}
+    for group in peer_groups:
+        pointed.setdefault(group.ref.key(), (group.ref, group.provenance.producer))
+    questions = [ctx.bank.question(ref) for ref, _ in pointed.values()]
+    seed = ctx.cfg.train.seed * 1_000_003 + round_ + RESAMPLE_SEED_OFFSET
+    groups, tokens, seconds_score = _sample(ctx, round_, questions, seed)
+    producers = {id(g): producer for g, (_, producer) in zip(groups, pointed.values(), strict=True)}
+    return groups, producers, tokens, seconds_score
+
+
+def _sample(
+    ctx: RoundContext, round_: int, questions: list[Question], seed: int
+) -> tuple[list[RolloutGroup], int, float]:
+    """G completions of each of ``questions`` by this node's policy, scored by its verifier: the groups,
+    the tokens sampled and the seconds spent scoring."""
+    cfg = ctx.cfg
     prompts = [encode_prompt(ctx.policy.tokenizer, q.text, cfg.sampling.system_prompt) for q in questions]
     _say(ctx, f"sampling {len(prompts)} x {cfg.sampling.completions_per_question} completions")
     t_sample = time.perf_counter()
@@ -67,7 +97,7 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
             cfg.sampling.completions_per_question,
             max_new_tokens=cfg.sampling.max_new_tokens,
             temperature=cfg.sampling.temperature,
-            seed=cfg.train.seed * 1_000_003 + round_,
+            seed=seed,
         )
     provenance = Provenance(
         source="local",
@@ -84,14 +114,21 @@ def sample_local(ctx: RoundContext, round_: int) -> tuple[list[RolloutGroup], in
     return groups, tokens, time.perf_counter() - t_score
 
 
-def trained_peer_groups(sequences: Sequence) -> dict[str, int]:
+def trained_peer_groups(sequences: Sequence, pointed: Mapping[int, str] | None = None) -> dict[str, int]:
     """Per producer, the distinct peer groups among ``sequences`` (the ones handed to the step, after the
     node's own scoring and peer defence) that carry signal: at least one nonzero advantage. This is what
-    earns a peer standing here (``PeerBook.credit_trained``): only what this node trained on counts."""
+    earns a peer standing here (``PeerBook.credit_trained``): only what this node trained on counts. With
+    ``pointed`` (``resample_peer_questions``), an own group of a question a peer pointed to counts for that
+    peer the same way."""
+    pointed = pointed or {}
     groups: dict[str, set[int]] = defaultdict(set)
     for s in sequences:
-        if s.group.provenance.source == "peer" and s.advantage != 0:
+        if s.advantage == 0:
+            continue
+        if s.group.provenance.source == "peer":
             groups[s.group.provenance.producer].add(id(s.group))
+        elif id(s.group) in pointed:
+            groups[pointed[id(s.group)]].add(id(s.group))
     return {producer: len(ids) for producer, ids in groups.items()}
 
 
@@ -135,6 +172,17 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     defence = ctx.cfg.offpolicy.peer_defence
     if defence == "rescue":
         peer_groups = rescue_only(peer_groups, local)
+    peer_text, pointed, seconds_resample = peer_groups, {}, 0.0
+    if defence == "questions" and peer_groups:  # counted as sampling and scoring, not sharing
+        t_resample = time.perf_counter()
+        peer_text = []
+        resampled, pointed, more_tokens, more_score = resample_peer_questions(ctx, round_, peer_groups)
+        return_freed_heap()
+        sampled_tokens, seconds_score = sampled_tokens + more_tokens, seconds_score + more_score
+        seconds_resample = time.perf_counter() - t_resample
+        local_trained = local + resampled
+    else:
+        local_trained = local
     t_share = time.perf_counter()
     replayed = []
     reincarnate_after = ctx.cfg.replay.reincarnate_after
@@ -144,7 +192,7 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     elif ctx.replay is not None:
         replayed = ctx.replay.sample(ctx.cfg.replay.groups_per_round, ctx.trainer.policy_version)
         ctx.replay.add(local)
-    groups = local + peer_groups + replayed
+    groups = local_trained + peer_text + replayed
     sequences = to_sequences(
         groups,
         ctx.policy.tokenizer,
@@ -161,14 +209,14 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         ctx.before_update()
     # the span gate's floors read all of the round's own text, trained or not (learn/peer_defence.py)
     untrained = capped_out + own_untrained_sequences(
-        local,
+        local_trained,
         ctx.policy.tokenizer,
         ctx.policy.tokenizer_fingerprint,
         system_prompt=ctx.cfg.sampling.system_prompt,
     )
     stats = ctx.trainer.step(sequences, floor_only=untrained)
     if ctx.on_trained is not None:
-        ctx.on_trained(trained_peer_groups(sequences))
+        ctx.on_trained(trained_peer_groups(sequences, pointed))
     ctx.trainer.release_gradients()
     return_freed_heap()
     t_train = time.perf_counter()
@@ -196,10 +244,10 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         reincarnated=ctx.trainer.reincarnated,
         groups_kept=len({id(s.group) for s in sequences}),
         sampled_tokens=sampled_tokens,
-        sample_tokens_per_s=sampled_tokens / max(t_sample - t0 - seconds_score, 1e-9),
-        seconds_sample=t_sample - t0 - seconds_score,
+        sample_tokens_per_s=sampled_tokens / max(t_sample - t0 + seconds_resample - seconds_score, 1e-9),
+        seconds_sample=t_sample - t0 + seconds_resample - seconds_score,
         seconds_score=seconds_score,
-        seconds_share=t_share - t_sample,
+        seconds_share=t_share - t_sample - seconds_resample,
         seconds_train=t_train - t_share,
         seconds_sync=sync_seconds,
         seconds_total=t_end - t0,

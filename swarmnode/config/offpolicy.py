@@ -33,6 +33,7 @@ class OffPolicyConfig(Strict):
         "span_drift_recurring",
         "token_budget",
         "rescue",
+        "questions",
     ] = Field(
         "span_drift",
         description="What peer text beyond its verified answer may teach, against peers that hide a payload "
@@ -46,7 +47,8 @@ class OffPolicyConfig(Strict):
         "and this node did not write in 16 rounds leave the loss (learn/recurring.py); "
         "span_drift_recurring = span_drift and recurring; "
         "token_budget = no producer outweighs one own group; rescue = peer groups only for tasks this "
-        "node fails at.",
+        "node fails at; questions = no peer text is trained: the node samples and trains on its own "
+        "completions of the questions peers' groups were informative on (rounds.resample_peer_questions).",
     )
     tis_cap: float = Field(2.0, gt=0, description="tis: largest importance weight C.")
     icepop_low: float = Field(0.5, gt=0, description="icepop: tokens with pi_old/mu below this are masked.")

@@ -42,6 +42,10 @@ never a number the sender chose (``offpolicy.peer_defence``):
 - ``rescue``: peer groups only for tasks this node fails at (Mutual RL's rescue set, arXiv 2605.07244):
   a task whose own groups this round score at least RESCUE_SOLVED on average takes no peer group; a
   task the node did not sample this round (a specialist's other task) takes them all.
+- ``questions`` ("questions, not text"): no peer token trains at all. The node samples and trains on its
+  own completions of the questions its peers' groups were informative on (``rounds.resample_peer_questions``),
+  so a payload has nothing to ride on, however it is worded; a peer still chooses which questions the node
+  practises, and the node pays J more questions of sampling a round.
 
 Both span gates read the windows of *every* own completion of the round, whatever its reward: a
 zero-advantage group never trains, but it is this node's text all the same, so the learner reads its
