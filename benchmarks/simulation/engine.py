@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from benchmarks.simulation.node import Batch, EventLoop, Observer
 from benchmarks.simulation.scenario import Protocol, Scenario
 from swarmnode.swarm.exchange.fanout import notice_targets, with_pullers
-from swarmnode.swarm.net.payloads import PULLED_BATCHES
 from swarmnode.swarm.exchange.swarm import round_ttl_s
+from swarmnode.swarm.net.payloads import PULLED_BATCHES
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ class Protocol:
         ``FULL_VIEW_PAGE_GAP_S`` once the view (``roster.VIEW_SIZE`` cards) is full."""
         return cls(
             name="bounded", gossip=True, view=roster.VIEW_SIZE, fanout=fanout.NOTICE_FANOUT, ring=True,
-            puller_notices=fanout.PULLER_NOTICES, hops=1, k_factor=puller.PULLS_PER_PEER_GROUP, k_scope="standing",
+            puller_notices=fanout.PULLER_NOTICES, hops=1, k_factor=puller.PULLS_PER_PEER_GROUP,
+            k_scope="standing",
             exploration_divisor=1, roster_keys_read=service.ROSTER_PAGE_SHARDS, roster_read_s=None,
             roster_read_full_s=service.FULL_VIEW_PAGE_GAP_S,
         )  # fmt: skip

@@ -280,7 +280,9 @@ def test_the_server_remembers_who_pulled_its_own_last_batches(swarm):
     with pytest.raises(PeerError):
         c.fetch(a.peer_id, b"\x01" * 32, timeout_s=5)
     assert b.fetch(a.peer_id, digests[0], timeout_s=5) == own[0]
-    assert _poll(a.payloads.recent_pullers, lambda got: got == [b.peer_id]) == [b.peer_id]  # served after the read
+    assert _poll(a.payloads.recent_pullers, lambda got: got == [b.peer_id]) == [
+        b.peer_id
+    ]  # served after the read
     a.payloads.offer(digests[1], own[1])
     assert c.fetch(a.peer_id, digests[1], timeout_s=5) == own[1]
     assert _poll(a.payloads.recent_pullers, lambda got: len(got) == 2) == [c.peer_id, b.peer_id]
@@ -288,7 +290,9 @@ def test_the_server_remembers_who_pulled_its_own_last_batches(swarm):
     assert a.payloads.recent_pullers() == [c.peer_id]
     for i in range(2 * MAX_PULLERS):  # a flood of pullers: the most recent MAX_PULLERS are kept
         a.payloads._served(f"puller-{i}", digests[2])
-    assert a.payloads.recent_pullers() == [f"puller-{i}" for i in reversed(range(MAX_PULLERS, 2 * MAX_PULLERS))]
+    assert a.payloads.recent_pullers() == [
+        f"puller-{i}" for i in reversed(range(MAX_PULLERS, 2 * MAX_PULLERS))
+    ]
 
 
 def test_a_timed_out_pull_closes_the_connection_and_the_next_pull_dials_afresh(swarm):

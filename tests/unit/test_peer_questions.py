@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from swarmnode.config import DRAW_STRIDE, ModelConfig, NodeConfig, OffPolicyConfig, SamplingConfig, TasksConfig
-from swarmnode.config import TrainConfig
+from swarmnode.config import (
+    DRAW_STRIDE,
+    ModelConfig,
+    NodeConfig,
+    OffPolicyConfig,
+    SamplingConfig,
+    TasksConfig,
+    TrainConfig,
+)
 from swarmnode.learn.trainer import Trainer
 from swarmnode.policy import load_policy
 from swarmnode.rollouts import Completion, Provenance, RolloutGroup
@@ -47,7 +54,10 @@ def _peer_group(bank: TaskBank, ref, producer: str) -> RolloutGroup:
     return RolloutGroup(
         ref=ref,
         question=question.text,
-        completions=(Completion(f"{PAYLOAD} <answer>{question.answer}</answer>"), Completion("<answer>0</answer>")),
+        completions=(
+            Completion(f"{PAYLOAD} <answer>{question.answer}</answer>"),
+            Completion("<answer>0</answer>"),
+        ),
         rewards=(1.0, 0.0),
         task_scores=(1.0, 0.0),
         format_ok=(True, True),
@@ -59,7 +69,9 @@ def _round(defence: str):
     cfg = NodeConfig(
         model=ModelConfig(name="tiny"),
         tasks=TasksConfig(mix={"basic_arithmetic": {}}, seed=3),
-        sampling=SamplingConfig(questions_per_round=OWN_QUESTIONS, completions_per_question=2, max_new_tokens=24),
+        sampling=SamplingConfig(
+            questions_per_round=OWN_QUESTIONS, completions_per_question=2, max_new_tokens=24
+        ),
         train=TrainConfig(lr=1e-3, token_budget=512, autocast="off"),
         offpolicy=OffPolicyConfig(peer_defence=defence),
     )
