@@ -172,7 +172,7 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
     defence = ctx.cfg.offpolicy.peer_defence
     if defence == "rescue":
         peer_groups = rescue_only(peer_groups, local)
-    peer_text, pointed, seconds_resample = peer_groups, {}, 0.0
+    peer_text, resampled, pointed, seconds_resample = peer_groups, [], {}, 0.0
     if defence == "questions" and peer_groups:  # counted as sampling and scoring, not sharing
         t_resample = time.perf_counter()
         peer_text = []
@@ -180,9 +180,7 @@ def run_round(ctx: RoundContext, round_: int) -> RoundRecord:
         return_freed_heap()
         sampled_tokens, seconds_score = sampled_tokens + more_tokens, seconds_score + more_score
         seconds_resample = time.perf_counter() - t_resample
-        local_trained = local + resampled
-    else:
-        local_trained = local
+    local_trained = local + resampled
     t_share = time.perf_counter()
     replayed = []
     reincarnate_after = ctx.cfg.replay.reincarnate_after

@@ -351,11 +351,12 @@ class Roster:
         ``fanout.PULLER_NOTICES`` of ``pullers`` (the members that pulled our last batches, most recent
         first) not among those, members with standing first."""
         members = self.members()
-        standing = [peer for peer in members if self.book.has_standing(peer)]
-        others = [peer for peer in members if not self.book.has_standing(peer)]
+        with_standing = {peer for peer in members if self.book.has_standing(peer)}
+        standing = [peer for peer in members if peer in with_standing]
+        others = [peer for peer in members if peer not in with_standing]
         targets = fanout.notice_targets(self.own_peer_id, standing, others, count)
         known = set(members) - {self.own_peer_id}
-        wanting = sorted((p for p in pullers if p in known), key=lambda p: not self.book.has_standing(p))
+        wanting = sorted((p for p in pullers if p in known), key=lambda p: p not in with_standing)
         return fanout.with_pullers(targets, wanting)
 
     def _signed_last(self, peer: str) -> float:

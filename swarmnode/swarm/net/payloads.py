@@ -38,7 +38,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -112,7 +112,7 @@ class PayloadServer:
         self._payloads_lock = threading.Lock()
         self._held: dict[bytes, int] = {}  # digest -> size of the peers' payloads in _payloads
         self._own_latest = b""  # digest of our own newest offer: never evicted
-        self._own_recent: list[bytes] = []  # our last PULLED_BATCHES own offers, oldest first
+        self._own_recent: deque[bytes] = deque(maxlen=PULLED_BATCHES)  # our last own offers, oldest first
         self._pullers: OrderedDict[str, bytes] = OrderedDict()  # peer -> own digest last served, newest last
         self._allow: Callable[[str], bool] = lambda _peer: True
         self._good: Callable[[str], bool] = lambda _peer: False
@@ -150,7 +150,7 @@ class PayloadServer:
             else:
                 self._held.pop(digest, None)
                 self._own_latest = digest
-                self._own_recent = [*self._own_recent, digest][-PULLED_BATCHES:]
+                self._own_recent.append(digest)
             while (
                 len(self._payloads) > self.payload_capacity
                 or sum(self._held.values()) > MAX_HELD_PAYLOAD_BYTES
@@ -163,7 +163,7 @@ class PayloadServer:
         with self._payloads_lock:
             self._payloads.clear()
             self._held.clear()
-            self._own_recent = []
+            self._own_recent.clear()
             self._pullers.clear()
 
     def recent_pullers(self) -> list[str]:
